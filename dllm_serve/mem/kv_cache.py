@@ -1,0 +1,50 @@
+"""The worker's KV memory: per-layer K/V tensors addressed by slot, and the request page table.
+
+Slot `s` holds the K/V of one token: page `s // page_size`, offset `s % page_size`. The token at
+absolute position `p` of the request in row `r` lives in slot
+`req_to_page[r, p // page_size] * page_size + p % page_size`. The scheduler decides which pages a
+request owns (mem/page_pool.py); the worker only writes the rows it is told.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+                 head_dim: int, max_req_slots: int, max_pages_per_req: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.max_pages_per_req = max_pages_per_req
+        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # (max_req_slots, max_pages_per_req) page ids; -1 marks an unused entry.
+        self.req_to_page = torch.full((max_req_slots, max_pages_per_req), -1, dtype=torch.int64,
+                                      device=device)
+
+    def set_pages(self, req_slots: list[int], pages: list[np.ndarray]) -> None:
+        """Write each request's page list into its row (one host-to-device copy)."""
+        width = max((len(p) for p in pages), default=0)
+        if width > self.max_pages_per_req:
+            raise ValueError(f"request needs {width} pages, the table holds "
+                             f"{self.max_pages_per_req}")
+        table = np.full((len(pages), width), -1, dtype=np.int64)
+        for i, p in enumerate(pages):
+            table[i, : len(p)] = p
+        rows = torch.as_tensor(req_slots, dtype=torch.int64)
+        self.req_to_page[rows.to(self.req_to_page.device), :width] = torch.from_numpy(table).to(
+            self.req_to_page.device)
+
+    def slots(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """KV slot of each absolute position; req_slots and positions broadcast together."""
+        page = self.req_to_page[req_slots, positions // self.page_size]
+        return page * self.page_size + positions % self.page_size
+
+    def bytes_per_token(self) -> int:
+        k = self.k[0]
+        return 2 * self.num_layers * k.shape[1] * k.shape[2] * k.element_size()

@@ -1,0 +1,120 @@
+"""`ServerArgs`: every flag of `dllm-serve` and every keyword of `dllm_serve.Engine`, in one place.
+
+The CLI is generated from the fields below (name, default and `help` metadata), so a flag exists
+exactly when a field does. Values are checked in `__post_init__`; a bad value raises
+`ValueError` with a message meant for the user (the CLI prints it as one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _f(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = _f(
+        None, "Checkpoint folder (config.json, *.safetensors, tokenizer files). "
+        "Default: the built-in small model.")
+    tokenizer_path: str | None = _f(None, "Tokenizer folder; default: --model-path.")
+    served_model_name: str | None = _f(
+        None, "Model id shown by /v1/models and accepted in requests; default: the folder name.")
+    host: str = _f("127.0.0.1", "HTTP host to bind.")
+    port: int = _f(30000, "HTTP port to bind.")
+    dllm_algorithm: str = _f(
+        "LowConfidence", "Decoding algorithm, by class name (LowConfidence, JointThreshold, ...).")
+    dllm_algorithm_config: str | None = _f(
+        None, "YAML file with the algorithm's settings (see configs/algorithms/).")
+    dllm_fdfo: bool = _f(
+        True, "First-done-first-out scheduling: a finished block leaves the batch at once and a "
+        "new one takes its place. --no-dllm-fdfo runs every batch until all its blocks are done.",
+        boolean=True)
+    max_running_requests: int = _f(16, "Most requests denoised together in one batch.")
+    max_queued_requests: int | None = _f(
+        None, "Most requests waiting for admission; more are rejected with 503. Default: no limit.")
+    max_total_tokens: int | None = _f(
+        None, "KV pool size in tokens. Default: from --mem-fraction-static on a GPU, "
+        "max_running_requests x context length (capped at 262144) on a CPU.")
+    page_size: int | None = _f(
+        None, "KV page size in tokens; a multiple of the model's block size. Default: block size.")
+    context_length: int | None = _f(
+        None, "Longest prompt + output in tokens. Default: the model's max_position_embeddings.")
+    chunked_prefill_size: int = _f(
+        4096, "Most prompt tokens prefilled in one forward (rounded down to whole blocks).")
+    device: str = _f("auto", "cpu, cuda or auto (cuda when available).", choices=DEVICES)
+    dtype: str = _f(
+        "auto", "Weight and activation dtype; auto = bfloat16 on cuda, float32 on cpu.",
+        choices=DTYPES)
+    mem_fraction_static: float = _f(
+        0.85, "GPU only: fraction of GPU memory for weights + KV pool.")
+    random_seed: int = _f(0, "Seed for weights-independent randomness (sampling noise).")
+    api_key: str | None = _f(None, "If set, every route but /health* needs 'Authorization: Bearer KEY'.")
+    log_level: str = _f("info", "Logging level.", choices=LOG_LEVELS)
+    startup_timeout: float = _f(600.0, "Seconds to wait for the model to load before giving up.")
+
+    def __post_init__(self) -> None:
+        _check(self.port > 0 and self.port < 65536, f"--port must be in 1..65535, got {self.port}")
+        _check(self.max_running_requests >= 1,
+               f"--max-running-requests must be >= 1, got {self.max_running_requests}")
+        _check(self.max_queued_requests is None or self.max_queued_requests >= 0,
+               f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
+        _check(self.max_total_tokens is None or self.max_total_tokens > 0,
+               f"--max-total-tokens must be > 0, got {self.max_total_tokens}")
+        _check(self.page_size is None or self.page_size > 0,
+               f"--page-size must be > 0, got {self.page_size}")
+        _check(self.context_length is None or self.context_length > 0,
+               f"--context-length must be > 0, got {self.context_length}")
+        _check(self.chunked_prefill_size > 0,
+               f"--chunked-prefill-size must be > 0, got {self.chunked_prefill_size}")
+        _check(0.0 < self.mem_fraction_static < 1.0,
+               f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS)):
+            value = getattr(self, name)
+            _check(value in allowed, f"--{name.replace('_', '-')} must be one of "
+                   f"{', '.join(allowed)}, got {value!r}")
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Add one flag per field: `model_path` -> `--model-path`."""
+        for f in dataclasses.fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            meta = f.metadata
+            if meta.get("boolean"):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                    default=f.default, help=meta["help"])
+                continue
+            kind = _cli_type(f.type)
+            parser.add_argument(flag, type=kind, default=f.default, choices=meta.get("choices"),
+                                help=f"{meta['help']} (default: {f.default})")
+
+    @staticmethod
+    def from_cli_args(ns: argparse.Namespace) -> ServerArgs:
+        names = {f.name for f in dataclasses.fields(ServerArgs)}
+        return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def _cli_type(annotation: object) -> type:
+    text = str(annotation)
+    if text.startswith("int"):
+        return int
+    if text.startswith("float"):
+        return float
+    return str
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
