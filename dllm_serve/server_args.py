@@ -57,8 +57,10 @@ class ServerArgs:
         choices=DTYPES)
     mem_fraction_static: float = _f(
         0.85, "GPU only: fraction of GPU memory for weights + KV pool.")
+    attention_backend: str = _f("torch", "Attention implementation: torch (the reference).")
     random_seed: int = _f(0, "Seed for weights-independent randomness (sampling noise).")
-    api_key: str | None = _f(None, "If set, every route but /health* needs 'Authorization: Bearer KEY'.")
+    api_key: str | None = _f(
+        None, "If set, every route but /health* needs 'Authorization: Bearer KEY'.")
     log_level: str = _f("info", "Logging level.", choices=LOG_LEVELS)
     startup_timeout: float = _f(600.0, "Seconds to wait for the model to load before giving up.")
 
@@ -82,6 +84,20 @@ class ServerArgs:
             value = getattr(self, name)
             _check(value in allowed, f"--{name.replace('_', '-')} must be one of "
                    f"{', '.join(allowed)}, got {value!r}")
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.resolved_device == "cuda" else "float32"
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)

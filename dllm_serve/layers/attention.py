@@ -88,7 +88,7 @@ class TorchAttention(AttentionBackend):
 def build_padded_meta(fb: ForwardBatch, kv: KVCache) -> PaddedMeta:
     device = fb.input_ids.device
     starts, lens = fb.seg_starts_cpu, fb.seg_lens_cpu
-    q_max, k_max = max(lens), max(s + n for s, n in zip(starts, lens))
+    q_max, k_max = max(lens), max(s + n for s, n in zip(starts, lens, strict=True))
     offsets = torch.tensor([0] + list(lens[:-1]), device=device).cumsum(0)  # (S,)
     i = torch.arange(q_max, device=device)
     q_valid = i[None, :] < fb.seg_lens[:, None]  # (S, Qmax)

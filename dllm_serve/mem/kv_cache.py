@@ -44,7 +44,3 @@ class KVCache:
         """KV slot of each absolute position; req_slots and positions broadcast together."""
         page = self.req_to_page[req_slots, positions // self.page_size]
         return page * self.page_size + positions % self.page_size
-
-    def bytes_per_token(self) -> int:
-        k = self.k[0]
-        return 2 * self.num_layers * k.shape[1] * k.shape[2] * k.element_size()

@@ -39,6 +39,10 @@ class ModelConfig:
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         )
 
+    def context_length(self, requested: int | None) -> int:
+        """The served context: the flag's value, else max_position_embeddings."""
+        return requested if requested is not None else self.max_position_embeddings
+
     def token_id(self, key: str) -> int | None:
         """An id named by config.json (e.g. 'mask_token_id'); the first one if it is a list."""
         value = self.hf.get(key)

@@ -1,0 +1,93 @@
+"""JointThreshold (LLaDA2.1): unmask by threshold (M2T) and edit written tokens (T2T).
+
+Per block state, created when the block starts:
+  prompt_mask (B, K) bool: positions that were not masks at block start (prompt tokens of the
+      first generation block); never edited.
+  post_edit_steps (B,) int64: steps taken since the block had no masks left.
+  finished (B,) bool: the block converged; the next step reports it done.
+Each step: M2T unmasks masked positions with confidence > threshold (top-1 fallback);
+T2T rewrites non-prompt written positions whose argmax differs from the current token with
+confidence > edit_threshold. A block finishes when a step changes nothing, or when it has spent
+more than max_post_edit_steps steps without masks. An edit_threshold above 1 disables T2T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_serve.dllm.algorithms.base import AlgorithmConfig, DenoiseBatch, DllmAlgorithm, State
+from dllm_serve.dllm.algorithms.registry import ALGORITHMS
+
+
+@dataclass(frozen=True)
+class JointThresholdConfig(AlgorithmConfig):
+    threshold: float = 0.5
+    edit_threshold: float = 0.0
+    max_post_edit_steps: int = 16
+    penalty_lambda: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"JointThreshold threshold must be in [0, 1], got {self.threshold}")
+        if self.edit_threshold < 0.0:
+            raise ValueError(f"edit_threshold must be >= 0, got {self.edit_threshold}")
+        if self.max_post_edit_steps < 0:
+            raise ValueError(f"max_post_edit_steps must be >= 0, got {self.max_post_edit_steps}")
+        if self.penalty_lambda < 0.0:
+            raise ValueError(f"penalty_lambda must be >= 0, got {self.penalty_lambda}")
+
+
+@ALGORITHMS.register()
+class JointThreshold(DllmAlgorithm):
+    Config = JointThresholdConfig
+    config: JointThresholdConfig
+    request_params = ("threshold", "edit_threshold")
+
+    def init_step_state(self, block_ids: torch.Tensor) -> State:
+        size = block_ids.shape[0]
+        return {
+            "prompt_mask": block_ids != self.mask_id,
+            "post_edit_steps": torch.zeros(size, dtype=torch.int64, device=block_ids.device),
+            "finished": torch.zeros(size, dtype=torch.bool, device=block_ids.device),
+        }
+
+    def max_steps(self, block_size: int) -> int:
+        # block_size unmasking steps, max_post_edit_steps + 1 post steps, the done step.
+        return block_size + self.config.max_post_edit_steps + 2
+
+    def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
+             state: State | None) -> torch.Tensor:
+        assert state is not None
+        ids = batch.block_ids  # (B, K)
+        done = state["finished"].clone()
+        active = ~done
+        masked = ids == self.mask_id
+        has_mask = masked.any(1)
+        x, p = self.predict(batch, self.penalize(full_logits.view(*ids.shape, -1), ids))
+
+        post = active & ~has_mask
+        state["post_edit_steps"] += post.long()
+        over_budget = post & (state["post_edit_steps"] > self.config.max_post_edit_steps)
+        live = active & ~over_budget
+
+        conf = torch.where(masked, p, float("-inf"))
+        m2t = self.top1_fallback(conf, conf > self.param(batch, "threshold"), has_mask) & masked
+        editable = ~masked & ~state["prompt_mask"]
+        t2t = (p > self.param(batch, "edit_threshold")) & (ids != x) & editable
+        transfer = (m2t | t2t) & live[:, None]
+
+        state["finished"] |= over_budget | (live & ~transfer.any(1))
+        ids.copy_(torch.where(transfer, x, ids))
+        return done
+
+    def penalize(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Lower the logit at j + 1 of the token at j by penalty_lambda (repetition penalty)."""
+        lam = self.config.penalty_lambda
+        if lam == 0.0:
+            return logits
+        out = logits.float().clone()  # (B, K, V)
+        prev = ids[:, :-1, None]  # (B, K-1, 1)
+        out[:, 1:].scatter_add_(-1, prev, torch.full(prev.shape, -lam, device=out.device))
+        return out

@@ -1,0 +1,136 @@
+"""The offline Python API, shaped like SGLang's `Engine`.
+
+    with Engine(model_path=..., dllm_algorithm="LowConfidence", device="cpu") as engine:
+        out = engine.generate("Question: 2 + 3 =", {"max_new_tokens": 32})
+        print(out["text"], out["meta_info"])
+
+It starts the same scheduler and worker processes as the server (over ZMQ), without HTTP.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+from dllm_serve.default_model import resolve_model_path
+from dllm_serve.errors import EngineDeadError, RequestError
+from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
+from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.server_args import ServerArgs
+
+Params = dict[str, Any] | list[dict[str, Any]] | None
+
+
+class Engine:
+    def __init__(self, **kwargs: Any) -> None:
+        """Keywords are `ServerArgs` fields (model_path, dllm_algorithm, dllm_fdfo, ...)."""
+        args = ServerArgs(**kwargs)
+        self.server_args = args.replace(model_path=resolve_model_path(args.model_path))
+        self.front = TokenizerManager(self.server_args)
+
+    def generate(self, prompt: str | list[str] | None = None, sampling_params: Params = None,
+                 input_ids: list[int] | list[list[int]] | None = None,
+                 rid: str | list[str] | None = None, stream: bool = False,
+                 ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """Generate for one prompt (-> dict) or a batch (-> list of dicts, in order).
+
+        Each result has `text`, `output_ids` and `meta_info` (id, finish_reason, prompt_tokens,
+        completion_tokens, forward_steps, blocks, e2e_latency). With stream=True (one prompt
+        only) an iterator yields one dict per committed block, `text` holding the new text.
+        Invalid requests raise RequestError before anything runs.
+        """
+        batch, prompts = _normalize(prompt, input_ids)
+        ids = [p if isinstance(p, list) else self.front.tokenize(p) for p in prompts]
+        params = _per_prompt(sampling_params, len(ids))
+        rids = [rid] if isinstance(rid, str) else (rid or [None] * len(ids))
+        if len(rids) != len(ids):
+            raise RequestError("rid must have one entry per prompt")
+        for i, p in zip(ids, params, strict=True):
+            self.front.validate(i, p)
+        if stream:
+            if batch:
+                raise RequestError("stream=True takes a single prompt")
+            return self._stream(ids[0], params[0], rids[0])
+        waits = [self._submit(i, p, r) for i, p, r in zip(ids, params, rids, strict=True)]
+        results = [_result(_last(q)) for q in waits]
+        return results if batch else results[0]
+
+    def _submit(self, ids: list[int], params: SamplingParams, rid: str | None,
+                ) -> queue.Queue[GenOutput]:
+        q: queue.Queue[GenOutput] = queue.Queue()
+        self.front.submit(ids, params, q.put, rid)
+        return q
+
+    def _stream(self, ids: list[int], params: SamplingParams, rid: str | None,
+                ) -> Iterator[dict[str, Any]]:
+        q = self._submit(ids, params, rid)
+        while True:
+            out = q.get()
+            yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+            if out.finished:
+                return
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        self.front.abort(rid, abort_all)
+
+    def get_server_info(self) -> dict[str, Any]:
+        """Server args, the scheduler's state, and `kv_pool` / `req_pool` occupancy."""
+        return {**self.server_args.__dict__, **self.front.server_info()}
+
+    def get_all_child_pids(self) -> list[int]:
+        return self.front.procs.pids()
+
+    def shutdown(self) -> None:
+        self.front.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        front = getattr(self, "front", None)
+        if front is not None:
+            front.shutdown()
+
+
+def _normalize(prompt: str | list[str] | None, input_ids: list[int] | list[list[int]] | None,
+               ) -> tuple[bool, list[str] | list[list[int]]]:
+    if (prompt is None) == (input_ids is None):
+        raise RequestError("give exactly one of prompt and input_ids")
+    if prompt is not None:
+        return (False, [prompt]) if isinstance(prompt, str) else (True, list(prompt))
+    assert input_ids is not None
+    if input_ids and isinstance(input_ids[0], list):
+        return True, [list(x) for x in input_ids]  # type: ignore[arg-type]
+    return False, [list(input_ids)]  # type: ignore[arg-type]
+
+
+def _per_prompt(params: Params, n: int) -> list[SamplingParams]:
+    if isinstance(params, list):
+        if len(params) != n:
+            raise RequestError("sampling_params must have one entry per prompt")
+        return [_parse(p) for p in params]
+    return [_parse(params) for _ in range(n)]
+
+
+def _parse(d: dict[str, Any] | None) -> SamplingParams:
+    try:
+        return SamplingParams.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise RequestError(str(e)) from None
+
+
+def _last(q: queue.Queue[GenOutput]) -> GenOutput:
+    while not (out := q.get()).finished:
+        pass
+    return out
+
+
+def _result(out: GenOutput) -> dict[str, Any]:
+    reason = out.finish_reason or {}
+    if reason.get("type") == "abort" and reason.get("status_code") == 500:
+        raise EngineDeadError(reason.get("message", "engine failed"))
+    return {"text": out.text, "output_ids": out.output_ids, "meta_info": out.meta}

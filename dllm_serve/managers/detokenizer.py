@@ -1,0 +1,41 @@
+"""Incremental detokenisation of committed blocks, with stop-string and UTF-8 hold-back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dllm_serve.utils.text import partial_stop_len
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of output ids into text deltas.
+
+    While the request runs, a trailing U+FFFD (half a UTF-8 character) and a trailing prefix of
+    a stop string are held back, so no client ever sees text that a later block retracts.
+    On a stop-string finish the text ends just before the matched string.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str]) -> None:
+        self.decode = decode
+        self.stops = stops
+        self.sent = 0
+        self.text = ""
+
+    def update(self, output_ids: list[int], finish_reason: dict[str, Any] | None) -> str:
+        text = self.decode(output_ids)
+        if finish_reason is None:
+            limit = len(text) - partial_stop_len(text, self.stops)
+            while limit > 0 and text[limit - 1] == "\ufffd":
+                limit -= 1
+        else:
+            matched = finish_reason.get("matched")
+            if finish_reason.get("type") == "stop" and isinstance(matched, str):
+                cut = text.find(matched)
+                text = text[:cut] if cut >= 0 else text
+            limit = len(text)
+        limit = max(limit, self.sent)
+        delta = text[self.sent:limit]
+        self.sent = limit
+        self.text = text[:limit]
+        return delta

@@ -1,0 +1,52 @@
+"""Start the scheduler and worker processes and wait until they are ready."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from dllm_serve.errors import EngineDeadError
+from dllm_serve.managers.ipc import Addresses, Receiver
+from dllm_serve.managers.messages import Fatal, Ready
+from dllm_serve.managers.procs import ProcessSet, spawn
+from dllm_serve.managers.scheduler_main import run_scheduler_process
+from dllm_serve.managers.worker_main import run_worker_process
+from dllm_serve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def launch(args: ServerArgs, ctx: zmq.Context) -> tuple[ProcessSet, Receiver, dict[str, Any]]:
+    """Spawn both children; return them, the front's receiving channel and the ready info.
+
+    Raises EngineDeadError (with the child's traceback when there is one) if a child dies or
+    fails during startup, or if startup takes longer than args.startup_timeout.
+    """
+    addrs = Addresses.fresh()
+    rx = Receiver(ctx, addrs.to_front)
+    procs = ProcessSet(addrs, spawn({
+        "scheduler": (run_scheduler_process, (args, addrs)),
+        "worker": (run_worker_process, (args, addrs)),
+    }))
+    try:
+        return procs, rx, wait_ready(procs, rx, args.startup_timeout)
+    except BaseException:
+        procs.kill()
+        rx.sock.close()
+        raise
+
+
+def wait_ready(procs: ProcessSet, rx: Receiver, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = rx.recv(timeout_ms=100)
+        if isinstance(msg, Ready):
+            return msg.info
+        if isinstance(msg, Fatal):
+            raise EngineDeadError(f"engine failed to start:\n{msg.message}")
+        if (dead := procs.dead()) is not None:
+            raise EngineDeadError(f"engine failed to start: {dead}")
+    raise EngineDeadError(f"engine did not start within {timeout:.0f} s")

@@ -1,0 +1,76 @@
+"""Process plumbing: spawn the scheduler and worker, watch the parent, tear everything down."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dllm_serve.managers.ipc import Addresses
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcessSet:
+    addrs: Addresses
+    procs: dict[str, mp.process.BaseProcess]
+
+    def dead(self) -> str | None:
+        """Name and exit code of the first child that exited, or None."""
+        for name, p in self.procs.items():
+            if p.exitcode is not None:
+                return f"the {name} process exited with code {p.exitcode}"
+        return None
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.pid is not None]
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """Terminate every child (SIGTERM, then SIGKILL) and remove the ipc folder."""
+        for p in self.procs.values():
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join(1.0)
+        base = os.path.dirname(self.addrs.to_scheduler[len("ipc://"):])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def spawn(targets: dict[str, tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[
+        str, mp.process.BaseProcess]:
+    ctx = mp.get_context("spawn")
+    procs = {}
+    for name, (fn, args) in targets.items():
+        p = ctx.Process(target=fn, args=args, name=f"dllm-serve-{name}", daemon=True)
+        p.start()
+        procs[name] = p
+    return procs
+
+
+def die_with_parent(poll_s: float = 0.5) -> None:
+    """In a child: exit at once when the parent process is gone (no orphans)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="[%(asctime)s %(processName)s] %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,87 @@
+"""`Req`: the scheduler's record of one request.
+
+Lengths (one vocabulary, used everywhere):
+- prompt_len: prompt tokens. Blocks sit at absolute positions that are multiples of block_size.
+- prefill_end = prompt_len rounded down to a block: the prompt's whole blocks, prefilled first.
+- committed_len: positions whose tokens are final and whose KV is cached (a multiple of
+  block_size). While generating, the block being denoised starts at block_start = committed_len;
+  the first generation block starts with the prompt's tail (prompt_len - prefill_end tokens).
+- max_end: prompt_len + max_new_tokens rounded up to a block: the most positions ever cached.
+An unfinished block's tokens and algorithm state are `dllm_incomplete_ids` / `dllm_algo_state`
+(None when the next block has not started); the scheduler never looks inside the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dllm_serve.mem.allocator import Holding
+from dllm_serve.sampling_params import SamplingParams
+
+
+def align_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+@dataclass
+class Req:
+    rid: str
+    input_ids: np.ndarray  # (prompt_len,) int64
+    params: SamplingParams
+    arrival: float
+    block_size: int
+    seed: int
+    output_ids: list[int] = field(default_factory=list)
+    holding: Holding | None = None  # slot and pages, once admitted
+    committed_len: int = 0
+    dllm_incomplete_ids: np.ndarray | None = None  # (block_size,) int64
+    dllm_algo_state: dict[str, np.ndarray] | None = None
+    block_steps: int = 0  # forwards the current block has had
+    forward_steps: int = 0
+    blocks: int = 0
+    finish_reason: dict[str, Any] | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def prefill_end(self) -> int:
+        return self.prompt_len // self.block_size * self.block_size
+
+    @property
+    def needs_prefill(self) -> bool:
+        return self.committed_len < self.prefill_end
+
+    @property
+    def max_end(self) -> int:
+        return align_up(self.prompt_len + self.params.max_new_tokens, self.block_size)
+
+    @property
+    def block_start(self) -> int:
+        return self.committed_len
+
+    @property
+    def block_end(self) -> int:
+        return self.committed_len + self.block_size
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def current_block(self, mask_id: int) -> np.ndarray:
+        """The ids of the block being denoised: carried over, or a fresh one (prompt tail +
+        masks)."""
+        if self.dllm_incomplete_ids is not None:
+            return self.dllm_incomplete_ids
+        ids = np.full(self.block_size, mask_id, dtype=np.int64)
+        tail = self.input_ids[self.committed_len:self.block_end]
+        ids[: len(tail)] = tail
+        return ids
+
+    def generated_part(self, block: np.ndarray) -> np.ndarray:
+        """The block's tokens that are output, i.e. past the prompt."""
+        return block[max(0, self.prompt_len - self.block_start):]

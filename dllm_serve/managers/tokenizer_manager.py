@@ -1,0 +1,219 @@
+"""The front (TokenizerManager): validates and tokenizes requests, sends them to the scheduler,
+and turns committed blocks back into text for whoever waits on each request.
+
+It lives in the caller's process (the offline Engine, or the HTTP server). A background thread
+receives the scheduler's outputs and calls each request's callback; callbacks run on that thread
+and must be quick (put the update on a queue). If a child process dies, every pending request
+gets a final update with an abort finish reason (status 500) and later submits raise
+EngineDeadError.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from dllm_serve.dllm.algorithms import algorithm_class
+from dllm_serve.errors import EngineDeadError, RequestError
+from dllm_serve.managers.detokenizer import IncrementalDetokenizer
+from dllm_serve.managers.ipc import Sender
+from dllm_serve.managers.launch import launch
+from dllm_serve.managers.messages import (
+    AbortReq,
+    BatchOutput,
+    Fatal,
+    GenerateReq,
+    InfoReq,
+    InfoResp,
+    ReqOutput,
+    Shutdown,
+)
+from dllm_serve.model.config import ModelConfig
+from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.server_args import ServerArgs
+from dllm_serve.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenOutput:
+    """One update of a request: the full text so far, the new part, and the metadata."""
+
+    rid: str
+    text: str
+    delta: str
+    output_ids: list[int]
+    new_ids: list[int]
+    finished: bool
+    finish_reason: dict[str, Any] | None
+    meta: dict[str, Any]
+
+
+@dataclass
+class ReqState:
+    params: SamplingParams
+    callback: Callable[[GenOutput], None]
+    detok: IncrementalDetokenizer
+    created: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    first_output: float | None = None
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.model_config = ModelConfig.load(args.model_path)  # type: ignore[arg-type]
+        self.tokenizer = Tokenizer.load(args.tokenizer_path or args.model_path)
+        self.algorithm = algorithm_class(args.dllm_algorithm)
+        self.context_length = self.model_config.context_length(args.context_length)
+        self.ctx = zmq.Context()
+        self.procs, self.rx, self.ready_info = launch(args, self.ctx)
+        self.tx = Sender(self.ctx, self.procs.addrs.to_scheduler)
+        self.tx_lock = threading.Lock()
+        self.states: dict[str, ReqState] = {}
+        self.states_lock = threading.Lock()
+        self.info_queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.dead: str | None = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._recv_loop, name="front-recv", daemon=True)
+        self.thread.start()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt)
+
+    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError (400) for anything the engine cannot serve."""
+        if len(input_ids) == 0:
+            raise RequestError("Prompt cannot be empty.", param="prompt")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in input_ids if not (0 <= t < vocab)]
+        if bad:
+            raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).",
+                               param="prompt")
+        try:
+            params.verify(vocab)
+            params.dllm = self.algorithm.validate_request_params(params.dllm)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        n, ctx = len(input_ids), self.context_length
+        if n >= ctx:
+            raise RequestError(f"The input ({n} tokens) is longer than the model's context "
+                               f"length ({ctx} tokens).", param="prompt")
+        if n + params.max_new_tokens > ctx:
+            raise RequestError(
+                f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {n + params.max_new_tokens} tokens: {n} "
+                f"tokens from the input and {params.max_new_tokens} tokens for the completion. "
+                f"Please reduce the prompt or max tokens.", param="max_tokens")
+
+    def submit(self, input_ids: list[int], params: SamplingParams,
+               callback: Callable[[GenOutput], None], rid: str | None = None) -> str:
+        """Validate and send one request; callback gets every update, the last one finished."""
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+        self.validate(input_ids, params)
+        rid = rid or uuid.uuid4().hex
+        with self.states_lock:
+            if rid in self.states:
+                raise RequestError(f"Duplicate request id {rid!r}.")
+            detok = IncrementalDetokenizer(self.tokenizer.decode, params.stop)
+            self.states[rid] = ReqState(params, callback, detok)
+        ids = np.asarray(input_ids, dtype=np.int64)
+        self._send(GenerateReq(rid, ids, params, time.monotonic()))
+        return rid
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        if rid is None and not abort_all:
+            return
+        self._send(AbortReq(rid=rid, abort_all=abort_all))
+
+    def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+        self._send(InfoReq())
+        info = self.info_queue.get(timeout=timeout)
+        return {**self.ready_info, **info}
+
+    def num_pending(self) -> int:
+        return len(self.states)
+
+    def _send(self, msg: object) -> None:
+        with self.tx_lock:
+            self.tx.send(msg)
+
+    # ---- outputs ----------------------------------------------------------------------------
+
+    def _recv_loop(self) -> None:
+        while not self.closed:
+            try:
+                msg = self.rx.recv(timeout_ms=200)
+            except zmq.ZMQError:
+                return
+            if msg is None:
+                if (dead := self.procs.dead()) is not None and not self.closed:
+                    self._fail_all(f"the engine died: {dead}")
+            elif isinstance(msg, BatchOutput):
+                for out in msg.outputs:
+                    self._deliver(out)
+            elif isinstance(msg, InfoResp):
+                self.info_queue.put(msg.info)
+            elif isinstance(msg, Fatal):
+                self._fail_all(f"the engine failed:\n{msg.message}")
+
+    def _deliver(self, out: ReqOutput) -> None:
+        with self.states_lock:
+            state = self.states.get(out.rid)
+            if state is None:
+                return
+            if out.finished:
+                del self.states[out.rid]
+        now = time.monotonic()
+        state.first_output = state.first_output or now
+        state.output_ids.extend(out.new_ids.tolist())
+        delta = state.detok.update(state.output_ids, out.finish_reason)
+        meta = {"id": out.rid, "finish_reason": out.finish_reason,
+                "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                "forward_steps": out.forward_steps, "blocks": out.blocks,
+                "e2e_latency": now - state.created,
+                "time_to_first_block": state.first_output - state.created}
+        state.callback(GenOutput(out.rid, state.detok.text, delta, list(state.output_ids),
+                                 out.new_ids.tolist(), out.finished, out.finish_reason, meta))
+
+    def _fail_all(self, message: str) -> None:
+        if self.dead is None:
+            logger.error("%s", message)
+        self.dead = message
+        with self.states_lock:
+            rids = list(self.states)
+        reason = {"type": "abort", "message": message, "status_code": 500}
+        for rid in rids:
+            self._deliver(ReqOutput(rid, np.zeros(0, dtype=np.int64), True, reason))
+        self.procs.kill(timeout=2.0)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._send(Shutdown())
+        except zmq.ZMQError:
+            pass
+        self.procs.kill()
+        self.thread.join(timeout=2.0)
+        self.tx.sock.close()
+        self.rx.sock.close()
+        self.ctx.term()

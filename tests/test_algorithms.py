@@ -1,0 +1,228 @@
+"""Algorithm unit tests on hand-made logits (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dllm_serve.dllm.algorithms import DenoiseBatch, algorithm_class, build_algorithm
+from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
+from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
+from dllm_serve.dllm.config import DllmConfig
+
+M = 9  # mask id
+V = 10  # vocab
+
+
+def batch(rows: list[list[int]], **overrides: list[float]) -> DenoiseBatch:
+    ids = torch.tensor(rows, dtype=torch.int64)
+    n = ids.shape[0]
+    return DenoiseBatch(
+        block_ids=ids, params={k: torch.tensor(v) for k, v in overrides.items()},
+        temperatures=[0.0] * n, top_ps=[1.0] * n, seeds=list(range(n)), block_starts=[0] * n,
+        block_steps=np.zeros(n, dtype=np.int64))
+
+
+def logits(spec: list[list[tuple[int, float]]]) -> torch.Tensor:
+    """spec[b][j] = (token, prob): a row whose argmax is token with softmax prob ~ prob."""
+    out = torch.empty(len(spec), len(spec[0]), V)
+    for b, row in enumerate(spec):
+        for j, (tok, p) in enumerate(row):
+            rest = (1 - p) / (V - 1)
+            out[b, j] = math.log(rest)
+            out[b, j, tok] = math.log(p)
+    return out.view(-1, V)
+
+
+def low_conf(threshold: float = 0.95, k: int = 4) -> LowConfidence:
+    return LowConfidence(LowConfidenceConfig(threshold), k, M)
+
+
+def joint(k: int = 4, **kw: float) -> JointThreshold:
+    return JointThreshold(JointThresholdConfig(**kw), k, M)
+
+
+# ---- LowConfidence -------------------------------------------------------------------------
+
+
+def test_low_confidence_unmasks_above_threshold_only() -> None:
+    b = batch([[M, M, M, M]])
+    done = low_conf().step(b, logits([[(1, 0.99), (2, 0.5), (3, 0.96), (4, 0.2)]]), None)
+    assert b.block_ids.tolist() == [[1, M, 3, M]]
+    assert done.tolist() == [False]
+
+
+def test_low_confidence_top1_fallback_picks_most_confident_mask() -> None:
+    b = batch([[5, M, M, M]])
+    # position 0 is not a mask: its high confidence must not be the fallback pick
+    done = low_conf().step(b, logits([[(7, 0.99), (2, 0.3), (3, 0.6), (4, 0.2)]]), None)
+    assert b.block_ids.tolist() == [[5, M, 3, M]]
+    assert done.tolist() == [False]
+
+
+def test_low_confidence_done_on_entry() -> None:
+    b = batch([[M, 1, 2, 3], [4, 5, 6, 7]])
+    spec = [[(8, 0.99)] * 4, [(0, 0.99)] * 4]
+    done = low_conf().step(b, logits(spec), None)
+    # row 0 got its last mask filled in this step, but is done only on the next entry
+    assert done.tolist() == [False, True]
+    assert b.block_ids.tolist() == [[8, 1, 2, 3], [4, 5, 6, 7]]  # written tokens never change
+    assert low_conf().step(b, logits(spec), None).tolist() == [True, True]
+
+
+def test_low_confidence_request_threshold_override() -> None:
+    b = batch([[M, M], [M, M]], threshold=[0.5, 0.95])
+    low_conf(k=2).step(b, logits([[(1, 0.6), (2, 0.7)], [(1, 0.6), (2, 0.7)]]), None)
+    assert b.block_ids.tolist() == [[1, 2], [M, 2]]
+
+
+def test_low_confidence_flat_logits_need_k_plus_one_steps() -> None:
+    algo, b = low_conf(k=4), batch([[M, M, M, M]])
+    flat = torch.zeros(4, V)
+    out = algo.run(lambda: flat, b, None, fdfo=False)
+    assert out.forwards == 5 == algo.max_steps(4)
+    assert (b.block_ids != M).all()
+
+
+# ---- JointThreshold ------------------------------------------------------------------------
+
+
+def test_joint_threshold_m2t_and_t2t_in_one_step_prompt_never_edited() -> None:
+    algo = joint()
+    b = batch([[6, 7, M, M]])  # 6 is prompt, 7 will be "decoded" below
+    state = algo.init_step_state(b.block_ids)
+    state["prompt_mask"][0] = torch.tensor([True, False, False, False])
+    spec = [[(1, 0.99), (2, 0.9), (3, 0.8), (4, 0.1)]]
+    algo.step(b, logits(spec), state)
+    # prompt kept; 7 -> 2 (T2T, p > 0); mask -> 3 (M2T, p > 0.5); last mask stays
+    assert b.block_ids.tolist() == [[6, 2, 3, M]]
+
+
+def test_joint_threshold_finishes_when_nothing_changes_then_done() -> None:
+    algo = joint(k=2)
+    b = batch([[M, M]])
+    state = algo.init_step_state(b.block_ids)
+    spec = logits([[(1, 0.9), (2, 0.9)]])
+    assert algo.step(b, spec, state).tolist() == [False]  # fills both
+    assert algo.step(b, spec, state).tolist() == [False]  # no change -> finished
+    assert bool(state["finished"][0])
+    assert algo.step(b, spec, state).tolist() == [True]  # done on entry
+    assert b.block_ids.tolist() == [[1, 2]]
+
+
+def test_joint_threshold_post_edit_budget() -> None:
+    algo = joint(k=2, max_post_edit_steps=2)
+    b = batch([[3, 3]])
+    state = algo.init_step_state(b.block_ids)
+    state["prompt_mask"][:] = False  # decoded tokens, editable
+    flip = [logits([[(4, 0.9), (4, 0.9)]]), logits([[(3, 0.9), (3, 0.9)]])]
+    results = [algo.step(b, flip[i % 2], state).item() for i in range(4)]
+    # two post-edit steps edit, the third exceeds the budget and finishes, the fourth is done
+    assert results == [False, False, False, True]
+    assert int(state["post_edit_steps"][0]) == 3
+    assert b.block_ids.tolist() == [[3, 3]]
+
+
+def test_joint_threshold_edit_threshold_above_one_disables_t2t() -> None:
+    algo = joint(k=2, edit_threshold=1.5)
+    b = batch([[3, M]])
+    state = algo.init_step_state(b.block_ids)
+    state["prompt_mask"][:] = False
+    algo.step(b, logits([[(4, 0.99), (5, 0.99)]]), state)
+    assert b.block_ids.tolist() == [[3, 5]]
+
+
+def test_joint_threshold_request_edit_threshold_override() -> None:
+    algo = joint(k=1)
+    b = batch([[3], [3]], edit_threshold=[0.5, 0.95])
+    state = algo.init_step_state(b.block_ids)
+    state["prompt_mask"][:] = False
+    algo.step(b, logits([[(4, 0.9)], [(4, 0.9)]]), state)
+    assert b.block_ids.tolist() == [[4], [3]]
+
+
+def test_joint_threshold_penalty_changes_argmax() -> None:
+    plain, penal = joint(k=2), joint(k=2, penalty_lambda=5.0)
+    spec = [[(1, 0.99), (1, 0.6)]]  # position 1 would repeat token 1
+    for algo, want in ((plain, 1), (penal, 0)):
+        b = batch([[1, M]])
+        state = algo.init_step_state(b.block_ids)
+        algo.step(b, logits(spec), state)
+        assert b.block_ids[0, 1].item() == want
+
+
+def test_joint_threshold_max_steps_bounds_worst_case() -> None:
+    algo = joint(k=3, max_post_edit_steps=2)
+    b = batch([[M, M, M]])
+    state = algo.init_step_state(b.block_ids)
+    calls = iter(range(100))
+
+    def forward() -> torch.Tensor:  # flat masks (one per step), then edits forever
+        i = next(calls)
+        tok = 1 + i % 2
+        return logits([[(tok, 0.4)] * 3])
+
+    out = algo.run(forward, b, state, fdfo=False)
+    assert out.forwards <= algo.max_steps(3)
+    assert out.done.tolist() == [True]
+
+
+# ---- execution modes -----------------------------------------------------------------------
+
+
+def test_sync_runs_until_all_done_fdfo_until_any_done() -> None:
+    def scripted() -> tuple[LowConfidence, DenoiseBatch]:
+        # row 0 resolves in one step, row 1 needs one mask per step
+        return low_conf(k=2), batch([[M, M], [M, M]])
+
+    spec = logits([[(1, 0.99), (1, 0.99)], [(2, 0.5), (2, 0.4)]])
+    algo, b = scripted()
+    out = algo.run(lambda: spec, b, None, fdfo=True)
+    assert out.forwards == 2 and out.done.tolist() == [True, False]
+    assert out.finished_at.tolist() == [2, 0]
+    assert b.block_steps.tolist() == [2, 2]
+
+    algo, b = scripted()
+    out = algo.run(lambda: spec, b, None, fdfo=False)
+    assert out.forwards == 3 and out.done.tolist() == [True, True]
+    assert out.finished_at.tolist() == [2, 3]
+
+
+# ---- config, registry, overrides, sampling ---------------------------------------------------
+
+
+def test_registry_unknown_name_lists_known() -> None:
+    with pytest.raises(ValueError, match="known: JointThreshold, LowConfidence"):
+        algorithm_class("LowConfidense")
+
+
+def test_unknown_setting_is_an_error() -> None:
+    cfg = DllmConfig("LowConfidence", {"treshold": 0.9}, 4, M)
+    with pytest.raises(ValueError, match="no setting.*treshold"):
+        build_algorithm(cfg)
+
+
+def test_validate_request_params() -> None:
+    assert JointThreshold.validate_request_params({"edit_threshold": 1}) == {"edit_threshold": 1.0}
+    with pytest.raises(ValueError, match="dllm_edit_threshold is not a setting of LowConfidence"):
+        LowConfidence.validate_request_params({"edit_threshold": 0.5})
+    with pytest.raises(ValueError, match="must be a number"):
+        LowConfidence.validate_request_params({"threshold": "high"})
+
+
+def test_sampling_is_seeded_and_greedy_by_default() -> None:
+    algo = low_conf(threshold=0.0, k=8)
+    flat = torch.randn(8, V, generator=torch.Generator().manual_seed(0))
+
+    def sample(seed: int, temp: float) -> list[int]:
+        b = batch([[M] * 8])
+        b.temperatures, b.seeds = [temp], [seed]
+        algo.step(b, flat * 0.1, None)
+        return b.block_ids[0].tolist()
+
+    assert sample(1, 1.0) == sample(1, 1.0)
+    assert sample(1, 1.0) != sample(2, 1.0)
+    assert sample(1, 0.0) == sample(2, 0.0) == (flat * 0.1).argmax(-1).tolist()
