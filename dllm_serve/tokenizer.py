@@ -1,0 +1,144 @@
+"""`Tokenizer`: an HF checkpoint's tokenizer.json + tokenizer_config.json, without transformers.
+
+Encoding never runs tokenizer.json's post-processor: a BOS is prepended only when
+tokenizer_config says `add_bos_token: true` (chat templates carry their own special tokens).
+Decoding is plain byte-level decoding with no clean-up, so decoding a growing id list yields a
+growing string (only a trailing incomplete UTF-8 character may render as U+FFFD until its last
+byte arrives), which is what incremental detokenisation relies on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Template
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+logger = logging.getLogger(__name__)
+
+ROLE_END = "<|role_end|>"
+
+
+class TemplateError(ValueError):
+    """Raised by a chat template's `raise_exception(...)`."""
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer, config: dict[str, Any]) -> None:
+        self._tok = tok
+        self.config = config
+        self.add_bos_token = bool(config.get("add_bos_token", False))
+        self.bos_token = _token_str(config.get("bos_token"))
+        self.eos_token = _token_str(config.get("eos_token"))
+        self.mask_token = _token_str(config.get("mask_token"))
+        self.chat_template: str | None = _template_str(config.get("chat_template"))
+        if self.add_bos_token and self.bos_token_id is None:
+            logger.warning("add_bos_token is set but bos_token %r is not in the vocabulary; "
+                           "no BOS will be added", self.bos_token)
+
+    @staticmethod
+    def load(path: str | Path) -> Tokenizer:
+        """Read `path/tokenizer.json` and (if present) `path/tokenizer_config.json`."""
+        path = Path(path)
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {str(path)!r}")
+        cfg_file = path / "tokenizer_config.json"
+        config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        return Tokenizer(HFTokenizer.from_file(str(file)), config)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id_of(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._id_of(self.eos_token)
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self._id_of(self.mask_token)
+
+    @property
+    def extra_stop_token_ids(self) -> list[int]:
+        """Ids that end a turn: `<|role_end|>` and the EOS, those the vocabulary has."""
+        ids = [self.token_to_id(ROLE_END), self.eos_token_id]
+        return list(dict.fromkeys(i for i in ids if i is not None))
+
+    def _id_of(self, token: str | None) -> int | None:
+        return None if token is None else self.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if self.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render `messages` with tokenizer_config's jinja `chat_template` (HF semantics)."""
+        return self._compiled_template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+
+
+    @cached_property
+    def _compiled_template(self) -> Template:
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat_template in tokenizer_config.json; "
+                             "send a plain prompt instead of chat messages")
+        return _jinja_env().from_string(self.chat_template)
+
+
+def _token_str(value: Any) -> str | None:
+    """A special token as tokenizer_config writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _template_str(value: Any) -> str | None:
+    """`chat_template` is a string, or a list of {"name", "template"}: take "default"."""
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) else None
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _jinja_env() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env

@@ -1,0 +1,45 @@
+"""Write a tiny random checkpoint in a real model's exact HF layout.
+
+    python scripts/make_tiny_model.py --arch llada2_moe --out /tmp/tiny-llada2 [--seed N]
+        [--preset tiny] [--set num_hidden_layers=4 --set tie_word_embeddings=true]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+from dllm_serve.tools.tiny_checkpoint import ARCHES, PRESETS, build_tiny_checkpoint
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, VALUE read as JSON when it parses (numbers, true/false, null), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="llada2_moe", choices=ARCHES)
+    parser.add_argument("--out", required=True, help="folder to write (created if missing)")
+    parser.add_argument("--seed", type=int, default=0, help="same seed => identical files")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        type=parse_override, metavar="KEY=VALUE",
+                        help="override a config.json value (repeatable)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = build_tiny_checkpoint(args.out, arch=args.arch, seed=args.seed, preset=args.preset,
+                                 **dict(args.overrides))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
