@@ -1,0 +1,123 @@
+"""Mixture-of-experts: the router (grouped top-k), stacked expert weights, reference compute.
+
+`route` and `moe_reference` are the plain-PyTorch oracles that fused kernels are tested against.
+Expert weights are stacked: `w13` (E, 2I, hidden) holds each expert's gate rows over its up
+rows, `w2` (E, hidden, I) its down projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dllm_serve.layers.mlp import swiglu
+
+SCORE_FUNCTIONS = ("sigmoid", "softmax")
+
+
+@dataclass(frozen=True)
+class RoutingParams:
+    top_k: int
+    score_function: str  # "sigmoid" | "softmax"
+    n_group: int  # 0: no group limit
+    topk_group: int  # groups kept per token when n_group > 0
+    renormalize: bool  # combine weights sum to 1 before scaling (when top_k > 1)
+    scaling: float  # routed_scaling_factor
+
+    def __post_init__(self) -> None:
+        if self.score_function not in SCORE_FUNCTIONS:
+            raise ValueError(f"unknown MoE score_function {self.score_function!r}; "
+                             f"known: {', '.join(SCORE_FUNCTIONS)}")
+
+
+def route(logits: torch.Tensor, expert_bias: torch.Tensor | None, p: RoutingParams
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick `p.top_k` experts per token and their combine weights.
+
+    logits (T, E), expert_bias (E,) or None -> topk_ids (T, K) int64, topk_weights (T, K) fp32.
+    Selection ranks `scores + expert_bias` (limited to the best groups when n_group > 0);
+    the weights are the *unbiased* scores of the chosen experts, optionally renormalised,
+    times `p.scaling`.
+    """
+    logits = logits.float()
+    scores = torch.sigmoid(logits) if p.score_function == "sigmoid" else logits.softmax(-1)
+    choice = scores if expert_bias is None else scores + expert_bias.float()  # (T, E)
+    if p.n_group > 0:
+        choice = limit_to_groups(choice, p.n_group, p.topk_group)
+    topk_ids = choice.topk(p.top_k, dim=-1).indices  # (T, K)
+    weights = scores.gather(1, topk_ids)  # (T, K)
+    if p.renormalize and p.top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return topk_ids, weights * p.scaling
+
+
+def limit_to_groups(choice: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """choice (T, E) -> (T, E) with -inf outside each token's `topk_group` best groups.
+
+    Experts form `n_group` contiguous groups; a group's score is the sum of its two best
+    choice values.
+    """
+    t, e = choice.shape
+    grouped = choice.view(t, n_group, e // n_group)  # (T, G, E/G)
+    best = min(2, e // n_group)
+    group_scores = grouped.topk(best, dim=-1).values.sum(-1)  # (T, G)
+    kept = group_scores.topk(topk_group, dim=-1).indices  # (T, topk_group)
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)  # (T, G)
+    return grouped.masked_fill(~keep[:, :, None], float("-inf")).view(t, e)
+
+
+def moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """Routed experts, grouped by expert, one SwiGLU per expert that received tokens.
+
+    x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids (T, K) int64,
+    topk_weights (T, K) -> (T, hidden) in x.dtype. Expert outputs are combined in fp32.
+    """
+    t, k = topk_ids.shape
+    flat = topk_ids.flatten()  # (T*K,)
+    order = flat.argsort(stable=True)  # (T*K,) assignment rows grouped by expert
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()  # host sync: reference only
+    out = x.new_empty(t * k, x.shape[-1])  # (T*K, hidden)
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            rows = order[start:start + n]
+            out[rows] = swiglu(x[rows // k], w13[expert], w2[expert])
+            start += n
+    combined = (out.view(t, k, -1).float() * topk_weights.float()[:, :, None]).sum(1)
+    return combined.to(x.dtype)
+
+
+class Router(nn.Module):
+    """`weight` (E, hidden); `expert_bias` (E,) biases selection only (sigmoid routing)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, expert_bias: bool,
+                 fp32_logits: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        bias = nn.Parameter(torch.zeros(num_experts), requires_grad=False) if expert_bias else None
+        self.register_parameter("expert_bias", bias)
+        self.fp32_logits = fp32_logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, hidden) -> router logits (T, E), fp32 when `fp32_logits`."""
+        if self.fp32_logits:
+            return F.linear(x.float(), self.weight.float())
+        return F.linear(x, self.weight.to(x.dtype))
+
+
+class Experts(nn.Module):
+    """Stacked routed experts: `w13` (E, 2I, hidden) = [gate | up], `w2` (E, hidden, I)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        """x (T, hidden), topk_ids/topk_weights (T, K) -> (T, hidden)."""
+        return moe_reference(x, self.w13, self.w2, topk_ids, topk_weights)
