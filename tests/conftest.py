@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
+
+# A KV page or request slot leaked when the scheduler goes idle is fatal in tests.
+os.environ.setdefault("DLLM_SERVE_STRICT_MEM_CHECK", "1")
 
 
 @pytest.fixture(scope="session")

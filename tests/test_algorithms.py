@@ -225,4 +225,14 @@ def test_sampling_is_seeded_and_greedy_by_default() -> None:
 
     assert sample(1, 1.0) == sample(1, 1.0)
     assert sample(1, 1.0) != sample(2, 1.0)
-    assert sample(1, 0.0) == sample(2, 0.0) == (flat * 0.1).argmax(-1).tolist()
+    greedy = (flat * 0.1).index_fill(1, torch.tensor([M]), float("-inf")).argmax(-1)
+    assert sample(1, 0.0) == sample(2, 0.0) == greedy.tolist()
+
+
+def test_mask_token_is_never_predicted() -> None:
+    b = batch([[M, M]])
+    spec = torch.zeros(2, V)
+    spec[:, M] = 10.0  # the model "prefers" the mask token
+    spec[:, 3] = 5.0
+    low_conf(threshold=0.5, k=2).step(b, spec, None)
+    assert b.block_ids.tolist() == [[3, 3]]

@@ -227,3 +227,4 @@ def test_forward_steps_and_blocks_are_reported(fdfo: bool) -> None:
     out = run_all(s)["a"][-1]
     # 1 prefill forward + 2 blocks x 2 forwards; 3 blocks hold 8 tokens after a 1-token tail
     assert out.blocks == 3 and out.forward_steps == 1 + 3 * 2
+    assert out.block_forwards == [2, 2, 2]

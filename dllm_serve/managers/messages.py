@@ -57,6 +57,7 @@ class ReqOutput:
     completion_tokens: int = 0
     forward_steps: int = 0  # forwards this request took part in (prefill included)
     blocks: int = 0  # committed generation blocks
+    block_forwards: list[int] = field(default_factory=list)  # per block; sent with the last output
 
 
 @dataclass

@@ -40,6 +40,7 @@ class Req:
     dllm_incomplete_ids: np.ndarray | None = None  # (block_size,) int64
     dllm_algo_state: dict[str, np.ndarray] | None = None
     block_steps: int = 0  # forwards the current block has had
+    block_forwards: list[int] = field(default_factory=list)  # forwards each block took to finish
     forward_steps: int = 0
     blocks: int = 0
     finish_reason: dict[str, Any] | None = None

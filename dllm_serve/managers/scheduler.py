@@ -197,10 +197,11 @@ class Scheduler:
         self._count(result)
         for i, req in enumerate(self.inflight):
             req.forward_steps += result.forwards
-            req.block_steps = int(result.block_steps[i])
             if result.done[i]:
+                req.block_forwards.append(req.block_steps + int(result.finished_at[i]))
                 self._commit(req, result.block_ids[i])
             else:
+                req.block_steps = int(result.block_steps[i])
                 req.dllm_incomplete_ids = result.block_ids[i].copy()
                 req.dllm_algo_state = result.states[i]
 
@@ -243,7 +244,8 @@ class Scheduler:
         return ReqOutput(
             rid=req.rid, new_ids=new, finished=req.finished, finish_reason=req.finish_reason,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
-            forward_steps=req.forward_steps, blocks=req.blocks)
+            forward_steps=req.forward_steps, blocks=req.blocks,
+            block_forwards=list(req.block_forwards) if req.finished else [])
 
     # ---- introspection --------------------------------------------------------------------
 

@@ -186,6 +186,7 @@ class TokenizerManager:
         meta = {"id": out.rid, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
                 "forward_steps": out.forward_steps, "blocks": out.blocks,
+                "block_forwards": out.block_forwards,
                 "e2e_latency": now - state.created,
                 "time_to_first_block": state.first_output - state.created}
         state.callback(GenOutput(out.rid, state.detok.text, delta, list(state.output_ids),

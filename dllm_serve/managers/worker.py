@@ -31,6 +31,7 @@ class Worker:
         self.runner = runner
         self.algo = algorithm
 
+    @torch.inference_mode()
     def run(self, work: PrefillWork | DenoiseWork) -> PrefillDone | RoundResult:
         if isinstance(work, PrefillWork):
             self.runner.forward(self.runner.prefill_batch(work))
@@ -79,4 +80,4 @@ def split_states(state: State | None, done: np.ndarray) -> list[RowState | None]
     if state is None:
         return [None] * len(done)
     host = {key: value.cpu().numpy() for key, value in state.items()}
-    return [None if d else {k: v[i].copy() for k, v in host.items()} for i, d in enumerate(done)]
+    return [None if d else {k: np.array(v[i]) for k, v in host.items()} for i, d in enumerate(done)]

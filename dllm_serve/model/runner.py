@@ -42,7 +42,7 @@ class ModelRunner:
         self.kv = KVCache(layers, num_pages, self.page_size, kv_heads, head_dim,
                           args.max_running_requests, max_pages_per_req, self.dtype, self.device)
         self.attn = ATTENTION_BACKENDS.get(args.attention_backend)(
-            self.kv, heads, head_dim, head_dim**-0.5)
+            self.kv, heads, head_dim, self.model.attn_scale)
         logger.info("KV pool: %d pages of %d tokens (%.1f MB) on %s", num_pages, self.page_size,
                     num_pages * self.page_size * bytes_per_token / 1e6, self.device)
 

@@ -161,9 +161,11 @@ class DllmAlgorithm(ABC):
 
         Greedy rows take the argmax; rows with temperature > 0 sample by the Gumbel-max rule on
         logits / temperature (restricted to the top_p nucleus). The confidence is the softmax
-        probability of the chosen token, computed without a full probability tensor.
+        probability of the chosen token, computed without a full probability tensor. The mask
+        token is never predicted (so every step with masks unmasks at least one position).
         """
         logits = logits.float()
+        logits[..., self.mask_id] = float("-inf")
         x = logits.argmax(-1)
         if batch.sampled:
             x = sample_rows(batch, logits, x)

@@ -1,0 +1,150 @@
+"""The offline Engine over the real scheduler and worker processes (tiny checkpoint, CPU)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dllm_serve import Engine
+from dllm_serve.errors import EngineDeadError, RequestError
+
+
+def make_engine(model_dir: Path, **kw) -> Engine:
+    args = {"model_path": str(model_dir), "device": "cpu", "log_level": "warning",
+            "max_running_requests": 8, **kw}
+    return Engine(**args)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path):
+    with make_engine(tiny_model_dir) as e:
+        yield e
+
+
+def assert_pools_whole(engine: Engine) -> None:
+    info = engine.get_server_info()
+    kv, req = info["kv_pool"], info["req_pool"]
+    assert kv["free_pages"] == kv["total_pages"] and kv["reserved_pages"] == 0
+    assert req["free_slots"] == req["total_slots"]
+
+
+def test_generate_single_batch_and_ids(engine: Engine) -> None:
+    one = engine.generate("Hello", {"max_new_tokens": 40, "ignore_eos": True})
+    assert one["meta_info"]["completion_tokens"] == 40 == len(one["output_ids"])
+    assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
+    assert one["meta_info"]["blocks"] == 2 and len(one["meta_info"]["block_forwards"]) == 2
+    many = engine.generate(["a", "bb"], [{"max_new_tokens": 3}, {"max_new_tokens": 5,
+                                                                 "ignore_eos": True}])
+    assert [m["meta_info"]["prompt_tokens"] for m in many] == [1, 2]
+    assert many[1]["meta_info"]["completion_tokens"] == 5
+    by_ids = engine.generate(input_ids=[[5, 6, 7]], sampling_params={"max_new_tokens": 2})
+    assert by_ids[0]["meta_info"]["prompt_tokens"] == 3
+    assert_pools_whole(engine)
+
+
+def test_many_concurrent_requests_finish_with_exact_lengths(engine: Engine) -> None:
+    prompts = [("word " * (1 + 7 * i % 60)).strip() for i in range(32)]
+    lengths = [1 + (13 * i) % 90 for i in range(32)]
+    params = [{"max_new_tokens": n, "ignore_eos": True} for n in lengths]
+    outs = engine.generate(prompts, params)
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == lengths
+    assert all(len(o["output_ids"]) == n for o, n in zip(outs, lengths, strict=True))
+    assert_pools_whole(engine)
+
+
+def test_stream_matches_non_stream(engine: Engine) -> None:
+    params = {"max_new_tokens": 70, "ignore_eos": True}
+    full = engine.generate("stream me", params)
+    chunks = list(engine.generate("stream me", params, stream=True))
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert sum(len(c["output_ids"]) for c in chunks) == 70
+    assert len(chunks) == 3 and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_abort_mid_generation_frees_everything(engine: Engine) -> None:
+    got: queue.Queue = queue.Queue()
+    ids = engine.front.tokenize("abort me")
+    from dllm_serve.sampling_params import SamplingParams
+
+    rid = engine.front.submit(ids, SamplingParams(max_new_tokens=2000, ignore_eos=True), got.put)
+    first = got.get(timeout=60)
+    assert not first.finished
+    engine.abort(rid)
+    while not (last := got.get(timeout=60)).finished:
+        pass
+    assert last.finish_reason["type"] == "abort"
+    assert_pools_whole(engine)
+
+
+def test_bad_requests_raise_and_engine_stays_up(engine: Engine) -> None:
+    with pytest.raises(RequestError, match="empty"):
+        engine.generate("", {"max_new_tokens": 4})
+    with pytest.raises(RequestError, match="out of vocabulary"):
+        engine.generate(input_ids=[1, 10**7])
+    with pytest.raises(RequestError, match="longer than the model's context"):
+        engine.generate(input_ids=[5] * 5000)
+    with pytest.raises(RequestError, match="unsupported sampling parameter"):
+        engine.generate("x", {"max_tokens": 4})
+    with pytest.raises(RequestError, match="dllm_edit_threshold is not a setting"):
+        engine.generate("x", {"dllm_edit_threshold": 0.5})
+    with pytest.raises(RequestError, match="temperature"):
+        engine.generate("x", {"temperature": -1})
+    ok = engine.generate("x", {"max_new_tokens": 4, "dllm_threshold": 0.5, "ignore_eos": True})
+    assert ok["meta_info"]["completion_tokens"] == 4
+
+
+def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
+    params = {"max_new_tokens": 20, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+    a, b = engine.generate("s", params), engine.generate("s", params)
+    c = engine.generate("s", {**params, "seed": 8})
+    assert a["output_ids"] == b["output_ids"] != c["output_ids"]
+
+
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_bs1_fdfo_and_sync_are_byte_identical(tiny_model_dir: Path, algorithm: str) -> None:
+    prompts = ["Natalia sold clips to 48 of her friends", "The capital of France is",
+               "Q: What is 12 times 13? A:"]
+    params = {"max_new_tokens": 100, "ignore_eos": True}
+    outs = {}
+    for fdfo in (True, False):
+        with make_engine(tiny_model_dir, dllm_algorithm=algorithm, dllm_fdfo=fdfo,
+                         max_running_requests=1) as e:
+            outs[fdfo] = [o["output_ids"] for o in e.generate(prompts, params)]
+    assert all(len(o) == 100 for o in outs[True])
+    assert outs[True] == outs[False]
+
+
+def test_worker_crash_fails_requests_and_leaves_no_orphans(tiny_model_dir: Path) -> None:
+    e = make_engine(tiny_model_dir)
+    children = [psutil.Process(p) for p in e.get_all_child_pids()]
+    assert len(children) == 2
+    got: queue.Queue = queue.Queue()
+    from dllm_serve.sampling_params import SamplingParams
+
+    e.front.submit([5, 6], SamplingParams(max_new_tokens=3000, ignore_eos=True), got.put)
+    got.get(timeout=60)
+    os.kill(e.front.procs.procs["worker"].pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while not (last := got.get(timeout=30)).finished:
+        pass
+    assert last.finish_reason["status_code"] == 500 and "died" in last.finish_reason["message"]
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(EngineDeadError):
+        e.generate("x")
+    psutil.wait_procs(children, timeout=10)
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+    e.shutdown()
+
+
+def test_shutdown_leaves_no_children(tiny_model_dir: Path) -> None:
+    with make_engine(tiny_model_dir) as e:
+        children = [psutil.Process(p) for p in e.get_all_child_pids()]
+        e.generate("x", {"max_new_tokens": 2})
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
