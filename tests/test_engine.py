@@ -120,7 +120,9 @@ def test_bs1_fdfo_and_sync_are_byte_identical(tiny_model_dir: Path, algorithm: s
     assert outs[True] == outs[False]
 
 
-def test_worker_crash_fails_requests_and_leaves_no_orphans(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("victim", ["worker", "scheduler"])
+def test_child_crash_fails_requests_and_leaves_no_orphans(tiny_model_dir: Path,
+                                                          victim: str) -> None:
     e = make_engine(tiny_model_dir)
     children = [psutil.Process(p) for p in e.get_all_child_pids()]
     assert len(children) == 2
@@ -129,7 +131,7 @@ def test_worker_crash_fails_requests_and_leaves_no_orphans(tiny_model_dir: Path)
 
     e.front.submit([5, 6], SamplingParams(max_new_tokens=3000, ignore_eos=True), got.put)
     got.get(timeout=60)
-    os.kill(e.front.procs.procs["worker"].pid, signal.SIGKILL)
+    os.kill(e.front.procs.procs[victim].pid, signal.SIGKILL)
     t0 = time.monotonic()
     while not (last := got.get(timeout=30)).finished:
         pass
