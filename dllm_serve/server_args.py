@@ -39,6 +39,17 @@ class ServerArgs:
         True, "First-done-first-out scheduling: a finished block leaves the batch at once and a "
         "new one takes its place. --no-dllm-fdfo runs every batch until all its blocks are done.",
         boolean=True)
+    dllm_wavefront_size: int = _f(
+        2, "FlowBlock wavefront: most blocks per request denoised at once (1 = block by block).")
+    dllm_spawn_threshold: float = _f(
+        0.6, "Wavefront: open the next block when this share of the frontier block's masked "
+        "positions is confident.")
+    dllm_spawn_token_threshold: float | None = _f(
+        None, "Wavefront: confidence a masked position needs to count as ready "
+        "(default: the algorithm's threshold).")
+    dllm_wavefront_lockstep: bool = _f(
+        False, "Baseline for benchmarks: every request opens and retires blocks together "
+        "(needs --no-dllm-fdfo).", boolean=True)
     max_running_requests: int = _f(16, "Most requests denoised together in one batch.")
     max_queued_requests: int | None = _f(
         None, "Most requests waiting for admission; more are rejected with 503. Default: no limit.")
@@ -57,7 +68,12 @@ class ServerArgs:
         choices=DTYPES)
     mem_fraction_static: float = _f(
         0.85, "GPU only: fraction of GPU memory for weights + KV pool.")
-    attention_backend: str = _f("torch", "Attention implementation: torch (the reference).")
+    attention_backend: str = _f(
+        "torch", "Attention implementation: torch (the reference) or triton (the "
+        "block-diffusion paged attention kernel; CUDA).")
+    moe_backend: str = _f(
+        "torch", "MoE experts implementation: torch (the reference) or triton (device routing, "
+        "expert-sorted grouped GEMMs; CUDA).")
     random_seed: int = _f(0, "Seed for weights-independent randomness (sampling noise).")
     api_key: str | None = _f(
         None, "If set, every route but /health* needs 'Authorization: Bearer KEY'.")
@@ -80,6 +96,16 @@ class ServerArgs:
                f"--chunked-prefill-size must be > 0, got {self.chunked_prefill_size}")
         _check(0.0 < self.mem_fraction_static < 1.0,
                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        _check(self.dllm_wavefront_size >= 1,
+               f"--dllm-wavefront-size must be >= 1, got {self.dllm_wavefront_size}")
+        _check(0.0 <= self.dllm_spawn_threshold <= 1.0,
+               f"--dllm-spawn-threshold must be in [0, 1], got {self.dllm_spawn_threshold}")
+        tau = self.dllm_spawn_token_threshold
+        _check(tau is None or 0.0 <= tau <= 1.0,
+               f"--dllm-spawn-token-threshold must be in [0, 1], got {tau}")
+        _check(not (self.dllm_wavefront_lockstep and self.dllm_fdfo),
+               "--dllm-wavefront-lockstep advances all requests together; use it with "
+               "--no-dllm-fdfo")
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS)):
             value = getattr(self, name)
             _check(value in allowed, f"--{name.replace('_', '-')} must be one of "

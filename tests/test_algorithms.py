@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_serve.dllm.algorithms import DenoiseBatch, algorithm_class, build_algorithm
+from dllm_serve.dllm.algorithms import DenoiseBatch, RoundMode, algorithm_class, build_algorithm
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
 from dllm_serve.dllm.config import DllmConfig
@@ -20,9 +20,11 @@ V = 10  # vocab
 def batch(rows: list[list[int]], **overrides: list[float]) -> DenoiseBatch:
     ids = torch.tensor(rows, dtype=torch.int64)
     n = ids.shape[0]
+    k = ids.shape[1]
     return DenoiseBatch(
-        block_ids=ids, params={k: torch.tensor(v) for k, v in overrides.items()},
-        temperatures=[0.0] * n, top_ps=[1.0] * n, seeds=list(range(n)), block_starts=[0] * n,
+        block_ids=ids, num_blocks=[1] * n, first_starts=[0] * n, limits=[k] * n,
+        temperatures=[0.0] * n, top_ps=[1.0] * n, seeds=list(range(n)),
+        params={name: torch.tensor(v) for name, v in overrides.items()},
         block_steps=np.zeros(n, dtype=np.int64))
 
 
@@ -82,7 +84,7 @@ def test_low_confidence_request_threshold_override() -> None:
 def test_low_confidence_flat_logits_need_k_plus_one_steps() -> None:
     algo, b = low_conf(k=4), batch([[M, M, M, M]])
     flat = torch.zeros(4, V)
-    out = algo.run(lambda: flat, b, None, fdfo=False)
+    out = algo.run(lambda _: flat, b, None, RoundMode(fdfo=False))
     assert out.forwards == 5 == algo.max_steps(4)
     assert (b.block_ids != M).all()
 
@@ -160,14 +162,14 @@ def test_joint_threshold_max_steps_bounds_worst_case() -> None:
     state = algo.init_step_state(b.block_ids)
     calls = iter(range(100))
 
-    def forward() -> torch.Tensor:  # flat masks (one per step), then edits forever
+    def forward(_: DenoiseBatch) -> torch.Tensor:  # flat masks (one per step), then edits
         i = next(calls)
         tok = 1 + i % 2
         return logits([[(tok, 0.4)] * 3])
 
-    out = algo.run(forward, b, state, fdfo=False)
+    out = algo.run(forward, b, state, RoundMode(fdfo=False))
     assert out.forwards <= algo.max_steps(3)
-    assert out.done.tolist() == [True]
+    assert out.retired.tolist() == [1]
 
 
 # ---- execution modes -----------------------------------------------------------------------
@@ -180,15 +182,15 @@ def test_sync_runs_until_all_done_fdfo_until_any_done() -> None:
 
     spec = logits([[(1, 0.99), (1, 0.99)], [(2, 0.5), (2, 0.4)]])
     algo, b = scripted()
-    out = algo.run(lambda: spec, b, None, fdfo=True)
-    assert out.forwards == 2 and out.done.tolist() == [True, False]
-    assert out.finished_at.tolist() == [2, 0]
+    out = algo.run(lambda _: spec, b, None, RoundMode(fdfo=True))
+    assert out.forwards == 2 and out.retired.tolist() == [1, 0]
+    assert out.done_steps.tolist() == [2, 0]
     assert b.block_steps.tolist() == [2, 2]
 
     algo, b = scripted()
-    out = algo.run(lambda: spec, b, None, fdfo=False)
-    assert out.forwards == 3 and out.done.tolist() == [True, True]
-    assert out.finished_at.tolist() == [2, 3]
+    out = algo.run(lambda _: spec, b, None, RoundMode(fdfo=False))
+    assert out.forwards == 3 and out.retired.tolist() == [1, 1]
+    assert out.done_steps.tolist() == [2, 3]
 
 
 # ---- config, registry, overrides, sampling ---------------------------------------------------

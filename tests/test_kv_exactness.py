@@ -3,6 +3,7 @@ tokens under the block-causal mask (fp32, CPU), for both algorithms and both mod
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 import torch
 from batch_helpers import Segment, make_batch, make_cache
 
-from dllm_serve.dllm.algorithms import build_algorithm
+from dllm_serve.dllm.algorithms import RoundMode, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.wavefront import WavefrontConfig
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import GenerateReq
 from dllm_serve.managers.scheduler import Scheduler, SchedulerConfig
@@ -22,7 +24,9 @@ from dllm_serve.sampling_params import SamplingParams
 from dllm_serve.server_args import ServerArgs
 
 
-def local_engine(model_dir: Path, algorithm: str, fdfo: bool) -> Scheduler:
+def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
+                 **wavefront_kw: float | bool) -> Scheduler:
+    """Scheduler + worker in this process (no ZMQ), on the CPU in fp32."""
     args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
                       dllm_fdfo=fdfo, max_running_requests=2, chunked_prefill_size=32)
     mc = ModelConfig.load(model_dir)
@@ -30,7 +34,10 @@ def local_engine(model_dir: Path, algorithm: str, fdfo: bool) -> Scheduler:
     runner = ModelRunner(mc, dllm, args)
     cfg = SchedulerConfig(dllm.block_size, dllm.mask_id, fdfo, 2, None, 32, runner.num_pages,
                           runner.page_size)
-    return Scheduler(cfg, Worker(runner, build_algorithm(dllm)), FinishChecker(set(), None))
+    mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
+    worker = Worker(runner, build_algorithm(dllm), mode)
+    cfg = dataclasses.replace(cfg, wavefront_size=wavefront)
+    return Scheduler(cfg, worker, FinishChecker(set(), None))
 
 
 def reference_kv(runner: ModelRunner, tokens: list[int]) -> list[tuple[torch.Tensor, ...]]:

@@ -24,26 +24,30 @@ K, MASK, EOS = 4, 99, 98
 
 class FakeWorker:
     """Writes token 7 into every mask; a block is done after `need[block_start]` (or
-    `need[("slot", s)]`) forwards, default 2. Sync runs until all rows are done, FDFO until any."""
+    `need[("slot", s)]`) forwards, default 2. One block per request (no wavefront);
+    sync runs until all requests are done, FDFO until any is."""
 
-    def __init__(self, need: dict | None = None, fill: int = 7) -> None:
+    def __init__(self, need: dict | None = None, fill: int = 7, fdfo: bool = True) -> None:
         self.need = need or {}
         self.fill = fill
+        self.fdfo = fdfo
         self.works: list[PrefillWork | DenoiseWork] = []
 
     def run(self, work: PrefillWork | DenoiseWork) -> PrefillDone | RoundResult:
         self.works.append(work)
         if isinstance(work, PrefillWork):
             return PrefillDone()
-        rows = zip(work.req_slots, work.block_starts, work.block_steps, strict=True)
+        assert work.num_blocks == [1] * len(work.req_slots)
+        rows = zip(work.req_slots, work.first_starts, work.block_steps, strict=True)
         left = np.array([max(1, self.need.get(("slot", r), self.need.get(s, 2)) - st)
                          for r, s, st in rows])
-        forwards = int(left.min() if work.fdfo else left.max())
+        forwards = int(left.min() if self.fdfo else left.max())
         done = left <= forwards
         ids = np.where(work.block_ids == MASK, self.fill, work.block_ids)
         states = [None if d else {"n": np.array(1)} for d in done]
-        return RoundResult(ids, done, states, work.block_steps + forwards, forwards,
-                           np.where(done, left, 0))
+        steps = work.block_steps + forwards
+        return RoundResult(ids, work.num_blocks, done.astype(np.int64), states, steps,
+                           np.where(done, work.block_steps + left, 0), forwards)
 
 
 def make(worker: FakeWorker, fdfo: bool = True, mrr: int = 4, pages: int = 64,
@@ -51,6 +55,7 @@ def make(worker: FakeWorker, fdfo: bool = True, mrr: int = 4, pages: int = 64,
     cfg = SchedulerConfig(block_size=K, mask_id=MASK, fdfo=fdfo, max_running_requests=mrr,
                           max_queued_requests=queue, chunked_prefill_size=prefill,
                           num_pages=pages, page_size=K)
+    worker.fdfo = fdfo
     return Scheduler(cfg, worker, FinishChecker({EOS}, decode))
 
 
@@ -93,7 +98,7 @@ def test_first_block_keeps_prompt_tail_and_outputs_only_new_tokens() -> None:
     assert isinstance(prefill, PrefillWork) and prefill.token_ids[0].tolist() == [1, 2, 3, 4]
     first = w.works[1]
     assert isinstance(first, DenoiseWork)
-    assert first.block_ids[0].tolist() == [5, 6, MASK, MASK] and first.block_starts == [4]
+    assert first.block_ids[0].tolist() == [5, 6, MASK, MASK] and first.first_starts == [4]
     assert outs["a"][0].new_ids.tolist() == [7, 7]
 
 

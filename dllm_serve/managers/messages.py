@@ -56,6 +56,7 @@ class ReqOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     forward_steps: int = 0  # forwards this request took part in (prefill included)
+    denoise_steps: int = 0  # of which denoise forwards
     blocks: int = 0  # committed generation blocks
     block_forwards: list[int] = field(default_factory=list)  # per block; sent with the last output
 
@@ -97,19 +98,22 @@ class PrefillWork:
 
 @dataclass
 class DenoiseWork:
-    """One block per row, at absolute position block_starts[i]."""
+    """The active blocks of each request: request b owns num_blocks[b] consecutive rows of
+    block_ids, contiguous blocks from absolute position first_starts[b]; it may open new blocks
+    up to position limits[b] (its pages cover that far)."""
 
     req_slots: list[int]
     pages: list[np.ndarray]
-    block_starts: list[int]
-    block_ids: np.ndarray  # (B, K) int64
-    states: list[dict[str, np.ndarray] | None]  # None: the block starts now
-    block_steps: np.ndarray  # (B,) int64 forwards each block has had
-    temperatures: list[float]
+    first_starts: list[int]
+    num_blocks: list[int]
+    limits: list[int]
+    block_ids: np.ndarray  # (N, K) int64
+    states: list[dict[str, np.ndarray] | None]  # per block; None: the block starts now
+    block_steps: np.ndarray  # (N,) int64 forwards each block has had
+    temperatures: list[float]  # per request from here on
     top_ps: list[float]
     seeds: list[int]
     params: list[dict[str, float]]  # per-request algorithm overrides
-    fdfo: bool = True
 
 
 @dataclass
@@ -131,15 +135,19 @@ class PrefillDone:
 
 @dataclass
 class RoundResult:
-    block_ids: np.ndarray  # (B, K) int64, as the last step left them
-    done: np.ndarray  # (B,) bool: committed this round (accept_length = block_size)
-    states: list[dict[str, np.ndarray] | None]  # None for done rows
-    block_steps: np.ndarray  # (B,) int64
-    forwards: int  # forwards run this round (every row took part in each)
-    finished_at: np.ndarray  # (B,) forward at which each row finished, 0 if not
+    """The blocks after the round, laid out like DenoiseWork (blocks opened inside the round
+    included); request b commits its first retired[b] blocks (accept_length = retired * K)."""
+
+    block_ids: np.ndarray  # (N', K) int64, as the last step left them
+    num_blocks: list[int]
+    retired: np.ndarray  # (B,) int64
+    states: list[dict[str, np.ndarray] | None]  # per block; None for retired blocks
+    block_steps: np.ndarray  # (N',) int64
+    done_steps: np.ndarray  # (N',) block_steps when each block's run of done reports began
+    forwards: int  # forwards run this round (every request took part in each)
 
     def accept_lengths(self, block_size: int) -> np.ndarray:
-        return np.where(self.done, block_size, 0)
+        return self.retired * block_size
 
 
 @dataclass

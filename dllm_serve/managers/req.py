@@ -7,8 +7,10 @@ Lengths (one vocabulary, used everywhere):
   block_size). While generating, the block being denoised starts at block_start = committed_len;
   the first generation block starts with the prompt's tail (prompt_len - prefill_end tokens).
 - max_end: prompt_len + max_new_tokens rounded up to a block: the most positions ever cached.
-An unfinished block's tokens and algorithm state are `dllm_incomplete_ids` / `dllm_algo_state`
-(None when the next block has not started); the scheduler never looks inside the state.
+The unfinished blocks (one, or up to W with a wavefront; contiguous from block_start) keep their
+tokens in `dllm_incomplete_ids` (n, block_size) and their algorithm states in `dllm_algo_state`
+(a list of n opaque states); both are None when the next block has not started. The scheduler
+never looks inside a state.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     holding: Holding | None = None  # slot and pages, once admitted
     committed_len: int = 0
-    dllm_incomplete_ids: np.ndarray | None = None  # (block_size,) int64
-    dllm_algo_state: dict[str, np.ndarray] | None = None
-    block_steps: int = 0  # forwards the current block has had
+    dllm_incomplete_ids: np.ndarray | None = None  # (n, block_size) int64
+    dllm_algo_state: list[dict[str, np.ndarray] | None] | None = None  # n states
+    block_steps: list[int] = field(default_factory=list)  # forwards each unfinished block had
     block_forwards: list[int] = field(default_factory=list)  # forwards each block took to finish
     forward_steps: int = 0
+    denoise_steps: int = 0  # forwards excluding prefill
     blocks: int = 0
     finish_reason: dict[str, Any] | None = None
 
@@ -73,15 +76,18 @@ class Req:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def current_block(self, mask_id: int) -> np.ndarray:
-        """The ids of the block being denoised: carried over, or a fresh one (prompt tail +
-        masks)."""
+    def current_blocks(self, mask_id: int) -> np.ndarray:
+        """(n, block_size): the unfinished blocks, or one fresh block (prompt tail + masks)."""
         if self.dllm_incomplete_ids is not None:
             return self.dllm_incomplete_ids
-        ids = np.full(self.block_size, mask_id, dtype=np.int64)
+        ids = np.full((1, self.block_size), mask_id, dtype=np.int64)
         tail = self.input_ids[self.committed_len:self.block_end]
-        ids[: len(tail)] = tail
+        ids[0, : len(tail)] = tail
         return ids
+
+    def window_end(self, wavefront_size: int) -> int:
+        """End position up to which blocks may be open (W blocks, never past max_end)."""
+        return min(self.max_end, self.committed_len + wavefront_size * self.block_size)
 
     def generated_part(self, block: np.ndarray) -> np.ndarray:
         """The block's tokens that are output, i.e. past the prompt."""

@@ -53,6 +53,7 @@ class SchedulerConfig:
     num_pages: int
     page_size: int
     random_seed: int = 0
+    wavefront_size: int = 1
 
     def __post_init__(self) -> None:
         if self.page_size % self.block_size:
@@ -167,17 +168,22 @@ class Scheduler:
         return work
 
     def _denoise_work(self, reqs: list[Req]) -> DenoiseWork:
-        blocks = [r.current_block(self.config.mask_id) for r in reqs]
+        blocks = [r.current_blocks(self.config.mask_id) for r in reqs]
         work = DenoiseWork(
-            req_slots=[], pages=[], block_starts=[r.block_start for r in reqs],
-            block_ids=np.stack(blocks), states=[r.dllm_algo_state for r in reqs],
-            block_steps=np.array([r.block_steps for r in reqs], dtype=np.int64),
+            req_slots=[], pages=[], first_starts=[r.block_start for r in reqs],
+            num_blocks=[len(b) for b in blocks],
+            limits=[r.window_end(self.config.wavefront_size) for r in reqs],
+            block_ids=np.concatenate(blocks),
+            states=[s for r, b in zip(reqs, blocks, strict=True)
+                    for s in (r.dllm_algo_state or [None] * len(b))],
+            block_steps=np.array([s for r, b in zip(reqs, blocks, strict=True)
+                                  for s in (r.block_steps or [0] * len(b))], dtype=np.int64),
             temperatures=[r.params.temperature for r in reqs],
             top_ps=[r.params.top_p for r in reqs], seeds=[r.seed for r in reqs],
-            params=[r.params.dllm for r in reqs], fdfo=self.config.fdfo)
+            params=[r.params.dllm for r in reqs])
         self.inflight = reqs
-        for req in reqs:
-            self._add_row(work, req, req.block_end)
+        for req, limit in zip(reqs, work.limits, strict=True):
+            self._add_row(work, req, limit)
         return work
 
     def _add_row(self, work: PrefillWork | DenoiseWork, req: Req, end: int) -> None:
@@ -195,15 +201,32 @@ class Scheduler:
             return self._process_prefill(work)
         assert isinstance(result, RoundResult)
         self._count(result)
-        for i, req in enumerate(self.inflight):
+        first = 0
+        for b, req in enumerate(self.inflight):
+            n, retired = result.num_blocks[b], int(result.retired[b])
             req.forward_steps += result.forwards
-            if result.done[i]:
-                req.block_forwards.append(req.block_steps + int(result.finished_at[i]))
-                self._commit(req, result.block_ids[i])
-            else:
-                req.block_steps = int(result.block_steps[i])
-                req.dllm_incomplete_ids = result.block_ids[i].copy()
-                req.dllm_algo_state = result.states[i]
+            req.denoise_steps += result.forwards
+            self._retire(req, result, first, retired)
+            if not req.finished:
+                self._carry(req, result, first + retired, first + n)
+            first += n
+
+    def _retire(self, req: Req, result: RoundResult, first: int, count: int) -> None:
+        """Commit the request's leading `count` blocks, in order, until it finishes."""
+        for row in range(first, first + count):
+            req.block_forwards.append(int(result.done_steps[row]))
+            self._commit(req, result.block_ids[row])
+            if req.finished:
+                return
+
+    def _carry(self, req: Req, result: RoundResult, lo: int, hi: int) -> None:
+        """Keep blocks [lo, hi) of the result as the request's unfinished blocks (in place)."""
+        if lo == hi:
+            req.dllm_incomplete_ids, req.dllm_algo_state, req.block_steps = None, None, []
+            return
+        req.dllm_incomplete_ids = result.block_ids[lo:hi].copy()
+        req.dllm_algo_state = result.states[lo:hi]
+        req.block_steps = result.block_steps[lo:hi].tolist()
 
     def _process_prefill(self, work: PrefillWork) -> None:
         self.stats["prefill_rounds"] += 1
@@ -213,18 +236,18 @@ class Scheduler:
             req.forward_steps += 1
 
     def _count(self, result: RoundResult) -> None:
-        rows = len(result.done)
+        rows = len(result.num_blocks)
         self.stats["forwards"] += result.forwards
         self.stats["inplace_reloops"] += result.forwards - 1
         self.stats["request_steps"] += rows * result.forwards
-        wasted = np.where(result.done, result.forwards - result.finished_at, 0)
+        done = result.done_steps > 0
+        wasted = np.where(done, result.block_steps - result.done_steps, 0)
         self.stats["wasted_request_steps"] += int(wasted.sum())
 
     def _commit(self, req: Req, block: np.ndarray) -> None:
         new = self.finish.commit(req, req.generated_part(block))
         req.committed_len = req.block_end
         req.blocks += 1
-        req.dllm_incomplete_ids, req.dllm_algo_state, req.block_steps = None, None, 0
         self.stats["committed_blocks"] += 1
         if req.finished:
             self.running.remove(req)
@@ -244,7 +267,7 @@ class Scheduler:
         return ReqOutput(
             rid=req.rid, new_ids=new, finished=req.finished, finish_reason=req.finish_reason,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
-            forward_steps=req.forward_steps, blocks=req.blocks,
+            forward_steps=req.forward_steps, denoise_steps=req.denoise_steps, blocks=req.blocks,
             block_forwards=list(req.block_forwards) if req.finished else [])
 
     # ---- introspection --------------------------------------------------------------------

@@ -119,7 +119,8 @@ def build_scheduler(args: ServerArgs, worker: WorkerClient, ready: WorkerReady) 
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
         chunked_prefill_size=args.chunked_prefill_size, num_pages=ready.num_pages,
-        page_size=ready.page_size, random_seed=args.random_seed)
+        page_size=ready.page_size, random_seed=args.random_seed,
+        wavefront_size=args.dllm_wavefront_size)
     eos = stop_token_ids(model_config, tokenizer)
     return Scheduler(config, worker, FinishChecker(eos, tokenizer.decode))
 

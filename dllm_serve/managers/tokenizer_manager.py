@@ -185,7 +185,8 @@ class TokenizerManager:
         delta = state.detok.update(state.output_ids, out.finish_reason)
         meta = {"id": out.rid, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                "forward_steps": out.forward_steps, "blocks": out.blocks,
+                "forward_steps": out.forward_steps, "denoise_steps": out.denoise_steps,
+                "blocks": out.blocks,
                 "block_forwards": out.block_forwards,
                 "e2e_latency": now - state.created,
                 "time_to_first_block": state.first_output - state.created}

@@ -8,8 +8,9 @@ import traceback
 
 import zmq
 
-from dllm_serve.dllm.algorithms import build_algorithm
+from dllm_serve.dllm.algorithms import RoundMode, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.wavefront import WavefrontConfig
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import Shutdown, WorkerFailed, WorkerReady
 from dllm_serve.managers.procs import die_with_parent, setup_logging
@@ -41,4 +42,10 @@ def build_worker(args: ServerArgs) -> Worker:
     model_config = ModelConfig.load(args.model_path)  # type: ignore[arg-type]
     dllm = DllmConfig.build(model_config, args.dllm_algorithm, args.dllm_algorithm_config,
                             args.dllm_fdfo)
-    return Worker(ModelRunner(model_config, dllm, args), build_algorithm(dllm))
+    return Worker(ModelRunner(model_config, dllm, args), build_algorithm(dllm), round_mode(args))
+
+
+def round_mode(args: ServerArgs) -> RoundMode:
+    wavefront = WavefrontConfig(args.dllm_wavefront_size, args.dllm_spawn_threshold,
+                                args.dllm_spawn_token_threshold, args.dllm_wavefront_lockstep)
+    return RoundMode(fdfo=args.dllm_fdfo, wavefront=wavefront)

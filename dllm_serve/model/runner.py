@@ -7,14 +7,18 @@ edits the block ids in place changes what the next forward of the same batch see
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import numpy as np
 import torch
+from torch import nn
 
+from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.layers.attention import ATTENTION_BACKENDS
-from dllm_serve.managers.messages import DenoiseWork, PrefillWork
+from dllm_serve.layers.moe import set_moe_backend
+from dllm_serve.managers.messages import PrefillWork
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
@@ -26,13 +30,25 @@ logger = logging.getLogger(__name__)
 CPU_MAX_KV_TOKENS = 262144
 
 
+def load_kernels() -> None:
+    """Register the "triton" attention and MoE backends where Triton is installed."""
+    if importlib.util.find_spec("triton") is not None:
+        import dllm_serve.kernels  # noqa: F401
+
+
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, dllm: DllmConfig, args: ServerArgs) -> None:
+    def __init__(self, model_config: ModelConfig, dllm: DllmConfig, args: ServerArgs,
+                 model: nn.Module | None = None) -> None:
+        """`model`: an already built model (benchmarks: random weights at real shapes);
+        default: load model_config's checkpoint."""
+        load_kernels()
         self.device = torch.device(args.resolved_device)
         self.dtype = getattr(torch, args.resolved_dtype)
         self.block_size = dllm.block_size
         torch.manual_seed(args.random_seed)
-        self.model = load_model(model_config, self.dtype, self.device)
+        self.model = model if model is not None else load_model(model_config, self.dtype,
+                                                                self.device)
+        set_moe_backend(self.model, args.moe_backend)
         layers, heads, kv_heads, head_dim = self.model.kv_spec()
         self.page_size = args.page_size or dllm.block_size
         context = model_config.context_length(args.context_length)
@@ -67,8 +83,11 @@ class ModelRunner:
 
     # ---- batches ----------------------------------------------------------------------------
 
+    def set_pages(self, req_slots: list[int], pages: list[np.ndarray]) -> None:
+        self.kv.set_pages(req_slots, pages)
+
     def prefill_batch(self, work: PrefillWork) -> ForwardBatch:
-        self.kv.set_pages(work.req_slots, work.pages)
+        self.set_pages(work.req_slots, work.pages)
         ids = np.concatenate(work.token_ids)
         lens = [len(t) for t in work.token_ids]
         positions = np.concatenate([np.arange(s, s + n) for s, n in
@@ -76,13 +95,17 @@ class ModelRunner:
         return self._batch(torch.from_numpy(ids).to(self.device), positions, work.req_slots,
                            work.seg_starts, lens, logits=False)
 
-    def denoise_batch(self, work: DenoiseWork, block_ids: torch.Tensor) -> ForwardBatch:
-        """block_ids (B, K) on the device; the batch's input_ids is a view of it."""
-        self.kv.set_pages(work.req_slots, work.pages)
+    def denoise_batch(self, req_slots: list[int], batch: DenoiseBatch) -> ForwardBatch:
+        """One segment per request: its active blocks, contiguous from its first block.
+
+        The batch's input_ids is a view of batch.block_ids (N, K), so the algorithm's in-place
+        edits reach the next forward. Pages must already be set (set_pages).
+        """
         k = self.block_size
-        positions = (np.asarray(work.block_starts)[:, None] + np.arange(k)[None, :]).reshape(-1)
-        lens = [k] * len(work.block_starts)
-        return self._batch(block_ids.view(-1), positions, work.req_slots, work.block_starts,
+        lens = [n * k for n in batch.num_blocks]
+        positions = np.concatenate([np.arange(s, s + n) for s, n in
+                                    zip(batch.first_starts, lens, strict=True)])
+        return self._batch(batch.block_ids.view(-1), positions, req_slots, batch.first_starts,
                            lens, logits=True)
 
     def _batch(self, input_ids: torch.Tensor, positions: np.ndarray, req_slots: list[int],

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dllm_serve.dllm.algorithms import joint_threshold, low_confidence  # noqa: F401 (register)
-from dllm_serve.dllm.algorithms.base import DenoiseBatch, DllmAlgorithm, RoundOutput
+from dllm_serve.dllm.algorithms.base import DllmAlgorithm
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
+from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.rounds import RoundMode, RoundOutput
 
 
 def algorithm_class(name: str) -> type[DllmAlgorithm]:
@@ -21,5 +23,5 @@ def build_algorithm(config: DllmConfig) -> DllmAlgorithm:
     return cls.from_dict(config.algorithm_config, config.block_size, config.mask_id)
 
 
-__all__ = ["ALGORITHMS", "DenoiseBatch", "DllmAlgorithm", "RoundOutput", "algorithm_class",
-           "build_algorithm"]
+__all__ = ["ALGORITHMS", "DenoiseBatch", "DllmAlgorithm", "RoundMode", "RoundOutput",
+           "algorithm_class", "build_algorithm"]

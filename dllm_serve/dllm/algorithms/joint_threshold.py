@@ -82,6 +82,10 @@ class JointThreshold(DllmAlgorithm):
         ids.copy_(torch.where(transfer, x, ids))
         return done
 
+    def reopen(self, state: State | None, rows: torch.Tensor) -> None:
+        assert state is not None
+        state["finished"] &= ~rows
+
     def penalize(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Lower the logit at j + 1 of the token at j by penalty_lambda (repetition penalty)."""
         lam = self.config.penalty_lambda
