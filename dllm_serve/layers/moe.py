@@ -2,11 +2,14 @@
 
 `route` and `moe_reference` are the plain-PyTorch oracles that fused kernels are tested against.
 Expert weights are stacked: `w13` (E, 2I, hidden) holds each expert's gate rows over its up
-rows, `w2` (E, hidden, I) its down projection.
+rows, `w2` (E, hidden, I) its down projection. How routed experts are computed is a backend
+chosen by name (`MOE_BACKENDS`: "torch" here, "triton" in dllm_serve.kernels), set on a built
+model with `set_moe_backend`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_serve.layers.mlp import swiglu
+from dllm_serve.utils.registry import Registry
 
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
 
@@ -109,15 +113,40 @@ class Router(nn.Module):
         return F.linear(x, self.weight.to(x.dtype))
 
 
+# (x (T, hidden), router_logits (T, E), expert_bias (E,) | None, routing, w13, w2) -> (T, hidden)
+MoeImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RoutingParams,
+                    torch.Tensor, torch.Tensor], torch.Tensor]
+MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
+
+
+@MOE_BACKENDS.register("torch")
+def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
+              p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """The reference: `route`, then `moe_reference`."""
+    topk_ids, topk_weights = route(router_logits, expert_bias, p)
+    return moe_reference(x, w13, w2, topk_ids, topk_weights)
+
+
 class Experts(nn.Module):
     """Stacked routed experts: `w13` (E, 2I, hidden) = [gate | up], `w2` (E, hidden, I)."""
+
+    backend = "torch"  # a MOE_BACKENDS name; see set_moe_backend
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
-    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor,
-                topk_weights: torch.Tensor) -> torch.Tensor:
-        """x (T, hidden), topk_ids/topk_weights (T, K) -> (T, hidden)."""
-        return moe_reference(x, self.w13, self.w2, topk_ids, topk_weights)
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
+                expert_bias: torch.Tensor | None, routing: RoutingParams) -> torch.Tensor:
+        """x (T, hidden), router_logits (T, E) -> routed experts' weighted sum (T, hidden)."""
+        impl = MOE_BACKENDS.get(self.backend)
+        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2)
+
+
+def set_moe_backend(model: nn.Module, name: str) -> None:
+    """Compute every `Experts` of `model` with backend `name` (unknown names raise)."""
+    MOE_BACKENDS.get(name)
+    for module in model.modules():
+        if isinstance(module, Experts):
+            module.backend = name

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dllm_serve.layers.mlp import SwiGLUMLP
-from dllm_serve.layers.moe import Experts, Router, route
+from dllm_serve.layers.moe import Experts, Router
 from dllm_serve.layers.norm import RMSNorm
 from dllm_serve.layers.rotary import RotaryEmbedding, apply_rotary
 from dllm_serve.model.forward_batch import ForwardBatch
@@ -77,8 +77,7 @@ class LLaDA2SparseMoe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden)."""
-        topk_ids, topk_weights = route(self.gate(x), self.gate.expert_bias, self.routing)
-        y = self.experts(x, topk_ids, topk_weights)
+        y = self.experts(x, self.gate(x), self.gate.expert_bias, self.routing)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y

@@ -1,0 +1,228 @@
+"""Block-diffusion paged attention: one launch for every segment of a batch.
+
+Mask: `layers.attention.block_causal`, the same predicate as the reference. A query at absolute
+position q of a segment [seg_start, seg_start + seg_len) sees the keys of its request at
+positions k < min((q // block_size + 1) * block_size, seg_start + seg_len): every earlier block
+and its own block bidirectionally. Keys are read through the page table:
+slot = req_to_page[req, k // page_size] * page_size + k % page_size.
+
+Work split. A *tile* is up to `TQ` consecutive query tokens of one segment, for all `G` query
+heads that share one KV head (GQA): BLOCK_M = TQ * G rows (padded to a power of two), so each
+K/V tile is loaded once for G heads. Grid = (tiles, kv_heads, splits). With splits > 1 (long
+prefixes at small batch) each program covers one slice of the tile's key range and writes a
+normalised partial output and its log2-sum-exp to a workspace; `_combine_kernel` merges them.
+Softmax is online (flash-attention style) in fp32, in the log2 domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2, to_device
+from dllm_serve.kernels.triton_utils import dot
+
+LOG2E = 1.4426950408889634
+BLOCK_M = 128  # query rows (tokens x grouped heads) per tile
+BLOCK_N = 64  # keys per inner step
+TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_len, token offset)
+
+
+@dataclass
+class BlockAttnPlan:
+    """Per-forward launch metadata, built once by `plan_block_attention` (on the device)."""
+
+    tiles: torch.Tensor  # (num_tiles, TILE_FIELDS) int32
+    tokens_per_tile: int  # TQ
+    num_splits: int  # key-range slices per tile (a power of two)
+    num_tokens: int  # T
+    block_size: int
+    ws_out: torch.Tensor | None  # (splits, T, H, D) fp32 partial outputs, when splits > 1
+    ws_lse: torch.Tensor | None  # (splits, T, H) fp32 partial log2-sum-exp
+
+
+def tokens_per_tile(group: int) -> int:
+    """TQ: query tokens per tile so that TQ * group fills BLOCK_M rows."""
+    if group > BLOCK_M // 16:
+        raise ValueError(f"{group} query heads per KV head is more than this kernel supports "
+                         f"({BLOCK_M // 16})")
+    return BLOCK_M // group
+
+
+def plan_tiles(seg_starts: list[int], seg_lens: list[int], tq: int) -> np.ndarray:
+    """(num_tiles, TILE_FIELDS) int32: segments cut into tiles of at most tq tokens."""
+    lens = np.asarray(seg_lens, dtype=np.int64)
+    per_seg = -(-lens // tq)  # (S,)
+    seg = np.repeat(np.arange(len(lens)), per_seg)  # (num_tiles,)
+    first_tile = np.cumsum(per_seg) - per_seg  # (S,)
+    q0 = (np.arange(len(seg)) - first_tile[seg]) * tq
+    token_offset = (np.cumsum(lens) - lens)[seg]
+    starts = np.asarray(seg_starts, dtype=np.int64)[seg]
+    return np.stack([seg, q0, starts, lens[seg], token_offset], axis=1).astype(np.int32)
+
+
+def plan_block_attention(seg_starts: list[int], seg_lens: list[int], block_size: int,
+                         num_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
+                         device: torch.device) -> BlockAttnPlan:
+    """Tiles (one host-to-device copy) and, for split-K, the fp32 workspaces."""
+    tq = tokens_per_tile(num_heads // num_kv_heads)
+    tiles = to_device(plan_tiles(seg_starts, seg_lens, tq), device)
+    t = int(sum(seg_lens))
+    ws_out = ws_lse = None
+    if num_splits > 1:
+        ws_out = torch.empty(num_splits, t, num_heads, head_dim, dtype=torch.float32,
+                             device=device)
+        ws_lse = torch.empty(num_splits, t, num_heads, dtype=torch.float32, device=device)
+    return BlockAttnPlan(tiles, tq, num_splits, t, block_size, ws_out, ws_lse)
+
+
+def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    req_to_page: torch.Tensor, seg_req: torch.Tensor, plan: BlockAttnPlan,
+                    page_size: int, scale: float) -> torch.Tensor:
+    """q (T, H, D), k_cache/v_cache (slots, KVH, D), req_to_page (R, P), seg_req (S,)
+    -> (T, H * D) in q.dtype. The segments' own K/V must already be in the cache."""
+    check_device(q, "block_attention")
+    t, h, d = q.shape
+    kvh = k_cache.shape[1]
+    out = q.new_empty(t, h * d)
+    if t == 0:
+        return out
+    grid = (plan.tiles.shape[0], kvh, plan.num_splits)
+    split = plan.num_splits > 1
+    _attention_kernel[grid](
+        q, k_cache, v_cache, out, plan.ws_out if split else out, plan.ws_lse if split else out,
+        req_to_page, seg_req, plan.tiles, scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), req_to_page.stride(0), t,
+        NUM_HEADS=h, G=h // kvh, TQ=plan.tokens_per_tile, HEAD_DIM=d, PAGE=page_size,
+        BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(), num_warps=8, num_stages=2)
+    if split:
+        rows = 64
+        _combine_kernel[(cdiv(t * h, rows),)](
+            plan.ws_out, plan.ws_lse, out, out.stride(0), t * h, NUM_HEADS=h, HEAD_DIM=d,
+            NUM_SPLITS=plan.num_splits, BLOCK_R=rows, BLOCK_D=next_pow2(max(d, 16)),
+            num_warps=4)
+    return out
+
+
+@triton.jit
+def _tile_rows(Tiles, SegReq, tile, G: tl.constexpr, TQ: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """Per row of a tile: token row in T, head within the group, validity, key limit."""
+    meta = Tiles + tile * 5
+    seg = tl.load(meta)
+    q0 = tl.load(meta + 1)
+    seg_start = tl.load(meta + 2)
+    seg_len = tl.load(meta + 3)
+    token_offset = tl.load(meta + 4)
+    req = tl.load(SegReq + seg)
+    r = tl.arange(0, BLOCK_M)
+    tok = q0 + r // G  # (BLOCK_M,) token index within the segment
+    valid = (r < TQ * G) & (tok < seg_len)
+    seg_end = seg_start + seg_len
+    limit = tl.minimum(((seg_start + tok) // BLOCK + 1) * BLOCK, seg_end)  # keys < limit
+    last = tl.minimum(q0 + TQ, seg_len) - 1
+    kv_hi = tl.minimum(((seg_start + last) // BLOCK + 1) * BLOCK, seg_end)
+    return req, token_offset + tok, r % G, valid, limit, kv_hi
+
+
+@triton.jit
+def _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, stride_kt, stride_kh, stride_vt,
+            stride_vh, stride_pt, scale_log2, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            DOT_F32: tl.constexpr):
+    """Online softmax of q against keys [lo, hi) -> (row max, row sum, unnormalised out)."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    d = tl.arange(0, BLOCK_D)
+    for start in range(lo, hi, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        kin = kpos < hi
+        page = tl.load(PageTable + req * stride_pt + kpos // PAGE, mask=kin, other=0)
+        slot = page.to(tl.int64) * PAGE + kpos % PAGE
+        kv_mask = kin[:, None] & (d[None, :] < HEAD_DIM)
+        k = tl.load(K + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=kv_mask,
+                    other=0.0)  # (BLOCK_N, BLOCK_D)
+        v = tl.load(V + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=kv_mask,
+                    other=0.0)
+        s = dot(q, tl.trans(k), DOT_F32) * scale_log2  # (BLOCK_M, BLOCK_N)
+        seen = kin[None, :] & (kpos[None, :] < limit[:, None])
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_F32)
+        m = m_new
+    return m, l_sum, acc
+
+
+@triton.jit
+def _attention_kernel(Q, K, V, Out, WsOut, WsLse, PageTable, SegReq, Tiles, scale_log2,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                      stride_ot, stride_pt, num_tokens, NUM_HEADS: tl.constexpr,
+                      G: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      PAGE: tl.constexpr, BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      DOT_F32: tl.constexpr):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    req, t, hq, valid, limit, kv_hi = _tile_rows(Tiles, SegReq, tile, G, TQ, BLOCK, BLOCK_M)
+    head = kvh * G + hq  # (BLOCK_M,)
+    d = tl.arange(0, BLOCK_D)
+    row_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
+    q = tl.load(Q + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
+    chunk = tl.cdiv(tl.cdiv(kv_hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_hi)
+    m, l_sum, acc = _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, stride_kt, stride_kh,
+                            stride_vt, stride_vh, stride_pt, scale_log2, PAGE, HEAD_DIM,
+                            BLOCK_M, BLOCK_N, BLOCK_D, DOT_F32)
+    has_keys = l_sum > 0.0
+    out = acc / tl.where(has_keys, l_sum, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(Out + t[:, None] * stride_ot + head[:, None] * HEAD_DIM + d[None, :],
+                 out.to(Out.dtype.element_ty), mask=row_mask)
+    else:
+        row = (split * num_tokens + t) * NUM_HEADS + head  # (BLOCK_M,) workspace row
+        tl.store(WsOut + row[:, None] * HEAD_DIM + d[None, :], out, mask=row_mask)
+        lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l_sum, 1.0)), float("-inf"))
+        tl.store(WsLse + row, lse, mask=valid)
+
+
+@triton.jit
+def _combine_kernel(WsOut, WsLse, Out, stride_ot, num_rows, NUM_HEADS: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """Merge the splits' partial outputs of BLOCK_R (token, head) rows."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) = t * H + h
+    rmask = r < num_rows
+    d = tl.arange(0, BLOCK_D)
+    mask = rmask[:, None] & (d[None, :] < HEAD_DIM)
+    top = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        top = tl.maximum(top, tl.load(WsLse + s * num_rows + r, mask=rmask,
+                                      other=float("-inf")))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    den = tl.zeros([BLOCK_R], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        w = tl.exp2(tl.load(WsLse + s * num_rows + r, mask=rmask, other=float("-inf")) - top)
+        o = tl.load(WsOut + (s * num_rows + r)[:, None] * HEAD_DIM + d[None, :], mask=mask,
+                    other=0.0)
+        acc += w[:, None] * o
+        den += w
+    out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    t = r // NUM_HEADS
+    h = r % NUM_HEADS
+    tl.store(Out + t[:, None] * stride_ot + h[:, None] * HEAD_DIM + d[None, :],
+             out.to(Out.dtype.element_ty), mask=mask)

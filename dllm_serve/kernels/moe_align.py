@@ -1,0 +1,56 @@
+"""Sort MoE assignments by expert into padded blocks, on the device, with no host sync.
+
+An *assignment* is one (token, choice) pair, row a = t * top_k + j of the flattened topk_ids.
+Each expert's assignments are laid out contiguously and padded to a multiple of `block_m`, so
+every block of `block_m` slots belongs to one expert: the grouped GEMMs run one program per
+(block, N tile) and read that expert's weights. Shapes are static (sized for the worst case,
+A + E * (block_m - 1) slots), so the launch is the same for any routing: graph-capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_serve.kernels.runtime import cdiv
+
+
+@dataclass
+class ExpertBlocks:
+    sorted_rows: torch.Tensor  # (max_blocks * block_m,) int32 assignment per slot; A = padding
+    block_expert: torch.Tensor  # (max_blocks,) int32 expert of each block, -1 past the used ones
+    num_slots: torch.Tensor  # (1,) int32 slots in use (a multiple of block_m)
+    block_m: int
+
+    @property
+    def max_blocks(self) -> int:
+        return self.block_expert.shape[0]
+
+
+def choose_block_m(num_assignments: int, num_experts: int) -> int:
+    """Rows per block: the mean assignments per expert, rounded up to 16, 32 or 64."""
+    mean = num_assignments / num_experts
+    return 16 if mean <= 16 else 32 if mean <= 32 else 64
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertBlocks:
+    """topk_ids (T, K) -> ExpertBlocks (assignments sorted by expert, stable, padded)."""
+    flat = topk_ids.flatten()  # (A,)
+    a, dev = flat.shape[0], flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(
+        0, flat, torch.ones_like(flat))  # (E,)
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)  # (E,)
+    order = flat.argsort(stable=True)  # (A,) assignments grouped by expert
+    expert = flat.index_select(0, order)
+    rank = torch.arange(a, device=dev) - (counts.cumsum(0) - counts).index_select(0, expert)
+    dest = (padded_end - padded).index_select(0, expert) + rank  # (A,) slot of each
+    max_blocks = cdiv(a + num_experts * (block_m - 1), block_m)
+    sorted_rows = torch.full((max_blocks * block_m,), a, dtype=torch.int32, device=dev)
+    sorted_rows.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(max_blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(padded_end, block_start, right=True)
+    used = block_start < padded_end[-1]
+    block_expert = torch.where(used, block_expert, -1).to(torch.int32)
+    return ExpertBlocks(sorted_rows, block_expert, padded_end[-1:].to(torch.int32), block_m)

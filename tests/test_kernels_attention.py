@@ -1,0 +1,144 @@
+"""The Triton block-diffusion attention equals `TorchAttention` (built from `block_causal`).
+
+Random K/V in a paged pool whose pages are scattered at random, ragged prefixes, batch 1 and
+many, prefill segments of several blocks mixed with denoise blocks, GQA groups 1-4, forced
+split-K. Small shapes run everywhere (the Triton interpreter on the CPU); `gpu` tests run the
+LLaDA2.0-mini shapes in bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from dllm_serve.kernels.triton_attention import TritonAttention, choose_num_splits
+from dllm_serve.layers.attention import AttentionBackend, TorchAttention
+from dllm_serve.mem.kv_cache import KVCache
+from dllm_serve.model.forward_batch import ForwardBatch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class Shape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    block: int
+    page: int
+
+
+Seg = tuple[int, int]  # (seg_start, seg_len) of one request; every segment its own request
+
+
+def scattered_cache(shape: Shape, segs: list[Seg], dtype: torch.dtype,
+                    gen: torch.Generator) -> KVCache:
+    """One layer of K/V, random everywhere; request r owns randomly scattered pages."""
+    need = [-(-(s + n) // shape.page) for s, n in segs]
+    num_pages = sum(need) + 7
+    kv = KVCache(1, num_pages, shape.page, shape.kv_heads, shape.head_dim, len(segs),
+                 max(need), dtype, DEVICE)
+    perm = torch.randperm(num_pages, generator=gen).numpy()
+    ends = np.cumsum(need)
+    kv.set_pages(list(range(len(segs))), [perm[e - n:e] for e, n in zip(ends, need, strict=True)])
+    for t in (kv.k[0], kv.v[0]):
+        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    return kv
+
+
+def forward_batch(kv: KVCache, segs: list[Seg], block: int, attn: AttentionBackend
+                  ) -> ForwardBatch:
+    starts, lens = [s for s, _ in segs], [n for _, n in segs]
+    positions = torch.cat([torch.arange(s, s + n) for s, n in segs]).to(DEVICE)
+    req = torch.repeat_interleave(torch.arange(len(segs)), torch.tensor(lens)).to(DEVICE)
+    fb = ForwardBatch(
+        input_ids=torch.zeros(len(positions), dtype=torch.int64, device=DEVICE),
+        positions=positions, out_cache_loc=kv.slots(req, positions),
+        req_slots=torch.arange(len(segs), device=DEVICE),
+        seg_starts=torch.tensor(starts, device=DEVICE), seg_lens=torch.tensor(lens, device=DEVICE),
+        block_size=block, attn=attn, seg_starts_cpu=starts, seg_lens_cpu=lens)
+    attn.prepare(fb)
+    return fb
+
+
+def run_both(shape: Shape, segs: list[Seg], dtype: torch.dtype, splits: int | None,
+             seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    kv = scattered_cache(shape, segs, dtype, gen)
+    t = sum(n for _, n in segs)
+    q = torch.randn(t, shape.heads, shape.head_dim, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(t, shape.kv_heads, shape.head_dim, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(t, shape.kv_heads, shape.head_dim, generator=gen).to(DEVICE, dtype)
+    scale = shape.head_dim ** -0.5
+    ref_attn = TorchAttention(kv, shape.heads, shape.head_dim, scale)
+    fast_attn = TritonAttention(kv, shape.heads, shape.head_dim, scale)
+    fast_attn.num_splits = splits
+    ref = ref_attn.forward(0, q, k, v, forward_batch(kv, segs, shape.block, ref_attn))
+    out = fast_attn.forward(0, q, k, v, forward_batch(kv, segs, shape.block, fast_attn))
+    return out, ref
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    if dtype == torch.float32:
+        return 1e-5 if DEVICE.type == "cpu" else 5e-3  # tf32 dots on the GPU
+    return 2e-2
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert torch.isfinite(out).all()
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < tolerance(dtype), f"relative error {err:.2e}"
+
+
+SMALL = Shape(heads=4, kv_heads=2, head_dim=16, block=8, page=16)
+MIXED: list[Seg] = [(0, 24), (40, 8), (0, 8), (16, 16), (96, 8), (8, 8)]
+
+
+@pytest.mark.parametrize("shape", [SMALL, Shape(8, 2, 32, 8, 8), Shape(6, 2, 16, 8, 16),
+                                   Shape(4, 4, 16, 16, 32)], ids=["g2", "g4", "g3", "g1"])
+def test_mixed_prefill_and_denoise_segments(shape: Shape) -> None:
+    segs = [(s * shape.block // 8, n * shape.block // 8) for s, n in MIXED]
+    assert_close(*run_both(shape, segs, torch.float32, splits=1), torch.float32)
+
+
+@pytest.mark.parametrize("splits", [None, 2, 4])
+def test_split_k_over_ragged_prefixes(splits: int | None) -> None:
+    segs = [(200, 8), (0, 8), (72, 8), (136, 16)]
+    assert_close(*run_both(SMALL, segs, torch.float32, splits), torch.float32)
+
+
+def test_batch_one_long_prefix() -> None:
+    assert_close(*run_both(SMALL, [(520, 8)], torch.float32, splits=None), torch.float32)
+
+
+def test_bf16_storage() -> None:
+    assert_close(*run_both(SMALL, MIXED, torch.bfloat16, splits=2, seed=1), torch.bfloat16)
+
+
+def test_choose_num_splits() -> None:
+    assert choose_num_splits(num_tiles=1, kv_heads=4, max_keys=4096, sms=132) == 32
+    assert choose_num_splits(num_tiles=16, kv_heads=4, max_keys=4096, sms=132) == 4
+    assert choose_num_splits(num_tiles=64, kv_heads=4, max_keys=4096, sms=132) == 1
+    assert choose_num_splits(num_tiles=1, kv_heads=4, max_keys=32, sms=132) == 1
+
+
+MINI = Shape(heads=16, kv_heads=4, head_dim=128, block=32, page=32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,prefix", [(1, 4096), (4, 1024), (16, 4096), (64, 1024)])
+def test_llada2_mini_denoise_round(batch: int, prefix: int) -> None:
+    rng = np.random.default_rng(batch)
+    starts = (rng.integers(prefix // 2, prefix, batch) // 32 * 32).tolist()
+    segs = [(s, 32) for s in starts]
+    assert_close(*run_both(MINI, segs, torch.bfloat16, splits=None), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_llada2_mini_prefill_chunks_with_denoise() -> None:
+    segs = [(0, 4096), (1024, 2048), (3000 // 32 * 32, 32), (64, 32), (0, 32)]
+    assert_close(*run_both(MINI, segs, torch.bfloat16, splits=None), torch.bfloat16)

@@ -1,0 +1,129 @@
+"""Fused MoE kernels equal the PyTorch oracles: `route` (device routing), the expert sort,
+and the grouped GEMMs against `moe_reference`; `set_moe_backend` switches a model's experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_serve.kernels.fused_moe import fused_experts, triton_moe
+from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
+from dllm_serve.kernels.moe_route import fused_route
+from dllm_serve.layers.moe import Experts, RoutingParams, moe_reference, route, set_moe_backend
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+LLADA2 = RoutingParams(top_k=8, score_function="sigmoid", n_group=8, topk_group=4,
+                       renormalize=True, scaling=2.5)
+ROUTINGS = {
+    "tiny": (8, RoutingParams(2, "sigmoid", 4, 2, True, 2.5)),
+    "groups": (32, RoutingParams(4, "sigmoid", 4, 2, True, 2.5)),
+    "softmax": (16, RoutingParams(3, "softmax", 0, 0, False, 1.0)),
+}
+
+
+def rand(*shape: int, gen: torch.Generator, scale: float = 1.0,
+         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=gen)).to(DEVICE, dtype)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    if dtype == torch.float32:
+        return 1e-5 if DEVICE.type == "cpu" else 5e-3  # tf32 dots on the GPU
+    return 2e-2
+
+
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_route_equals_reference(name: str) -> None:
+    experts, p = ROUTINGS[name]
+    gen = torch.Generator().manual_seed(0)
+    logits = rand(41, experts, gen=gen, scale=2.0)
+    bias = rand(experts, gen=gen, scale=0.1) if p.score_function == "sigmoid" else None
+    ids, weights = fused_route(logits, bias, p)
+    ref_ids, ref_weights = route(logits, bias, p)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (13, 8, 2), (50, 4, 3)])
+def test_align_sorts_every_assignment_into_one_expert_block(tokens: int, experts: int,
+                                                            top_k: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=gen).to(DEVICE)
+    block_m = choose_block_m(tokens * top_k, experts)
+    blocks = align_by_expert(ids, experts, block_m)
+    rows, used = blocks.sorted_rows.cpu(), int(blocks.num_slots.item())
+    assert used % block_m == 0 and (rows[used:] == tokens * top_k).all()
+    real = rows[rows < tokens * top_k]
+    assert sorted(real.tolist()) == list(range(tokens * top_k))
+    assert real.tolist() == ids.flatten().argsort(stable=True).cpu().tolist()
+    flat = ids.flatten().cpu()
+    for b, expert in enumerate(blocks.block_expert.cpu().tolist()):
+        members = rows[b * block_m:(b + 1) * block_m]
+        members = members[members < tokens * top_k]
+        assert (expert >= 0) == (b * block_m < used)
+        assert (flat[members.long()] == expert).all()
+
+
+@pytest.mark.parametrize("tokens,experts,hidden,inter", [(1, 8, 64, 32), (37, 8, 64, 32),
+                                                         (200, 4, 48, 80), (64, 32, 128, 64)])
+def test_fused_experts_equal_reference(tokens: int, experts: int, hidden: int,
+                                       inter: int) -> None:
+    gen = torch.Generator().manual_seed(tokens + experts)
+    x = rand(tokens, hidden, gen=gen)
+    w13 = rand(experts, 2 * inter, hidden, gen=gen, scale=hidden ** -0.5)
+    w2 = rand(experts, hidden, inter, gen=gen, scale=inter ** -0.5)
+    ids, weights = route(rand(tokens, experts, gen=gen), None,
+                         RoutingParams(2, "softmax", 0, 0, True, 1.5))
+    out = fused_experts(x, w13, w2, ids, weights)
+    assert out.shape == (tokens, hidden) and out.dtype == x.dtype
+    assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < tolerance(torch.float32)
+
+
+def test_bf16_storage() -> None:
+    gen = torch.Generator().manual_seed(3)
+    experts, p = ROUTINGS["tiny"]
+    x = rand(29, 64, gen=gen, dtype=torch.bfloat16)
+    w13 = rand(experts, 64, 64, gen=gen, scale=0.125, dtype=torch.bfloat16)
+    w2 = rand(experts, 64, 32, gen=gen, scale=0.18, dtype=torch.bfloat16)
+    logits, bias = rand(29, experts, gen=gen), rand(experts, gen=gen, scale=0.1)
+    out = triton_moe(x, logits, bias, p, w13, w2)
+    ids, weights = route(logits, bias, p)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < tolerance(torch.bfloat16)
+
+
+def test_set_moe_backend_switches_experts() -> None:
+    gen = torch.Generator().manual_seed(4)
+    experts, p = ROUTINGS["groups"]
+    module = Experts(experts, 32, 16).to(DEVICE)
+    with torch.no_grad():
+        module.w13.copy_(rand(experts, 32, 32, gen=gen, scale=0.2))
+        module.w2.copy_(rand(experts, 32, 16, gen=gen, scale=0.25))
+    x, logits = rand(9, 32, gen=gen), rand(9, experts, gen=gen)
+    with torch.no_grad():
+        ref = module(x, logits, None, p)
+        set_moe_backend(module, "triton")
+        assert module.backend == "triton"
+        assert rel_err(module(x, logits, None, p), ref) < tolerance(torch.float32)
+    with pytest.raises(KeyError, match="known: torch, triton"):
+        set_moe_backend(module, "cutlass")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 512, 2048])
+def test_llada2_mini_moe_layer(tokens: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    x = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
+    w13 = rand(256, 1024, 2048, gen=gen, scale=0.02, dtype=torch.bfloat16)
+    w2 = rand(256, 2048, 512, gen=gen, scale=0.02, dtype=torch.bfloat16)
+    logits, bias = rand(tokens, 256, gen=gen), rand(256, gen=gen, scale=0.1)
+    ids, weights = fused_route(logits, bias, LLADA2)
+    ref_ids, ref_weights = route(logits, bias, LLADA2)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    out = fused_experts(x, w13, w2, ids, weights)
+    assert rel_err(out, moe_reference(x, w13, w2, ref_ids, ref_weights)) < 2e-2
