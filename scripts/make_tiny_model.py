@@ -2,6 +2,12 @@
 
     python scripts/make_tiny_model.py --arch llada2_moe --out /tmp/tiny-llada2 [--seed N]
         [--preset tiny] [--set num_hidden_layers=4 --set tie_word_embeddings=true]
+    python scripts/make_tiny_model.py --preset llada2-mini-shape --device cuda --out DIR
+
+The llada2-mini-shape preset has LLaDA2.0-mini's exact shapes (~16B parameters: 32 GB of
+safetensors, built in host memory before writing; --device cuda draws the random values on the
+GPU). For speed measurements benchmarks/round_roofline.py builds the same model in GPU memory
+without writing it.
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="folder to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="same seed => identical files")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--device", default="cpu", help="where to draw the random weights")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         type=parse_override, metavar="KEY=VALUE",
                         help="override a config.json value (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = build_tiny_checkpoint(args.out, arch=args.arch, seed=args.seed, preset=args.preset,
-                                 **dict(args.overrides))
+                                 device=args.device, **dict(args.overrides))
     print(path)
 
 

@@ -1,0 +1,283 @@
+"""One denoise round at LLaDA2.0-mini's shapes against its roofline floor (issue 6).
+
+    python benchmarks/round_roofline.py --out results/roofline.json
+    python benchmarks/round_roofline.py --set num_hidden_layers=2 --batch-sizes 1 4   # smoke
+
+The model is built in memory with random weights at the real config (preset
+"llada2-mini-shape" of dllm_serve.tools.tiny_checkpoint: no checkpoint on disk) and run through
+the real ModelRunner. For each batch size B and prefix length (~1k, ~4k: each request's prefix
+drawn in [0.9 P, P], block-aligned, its pages scattered in the pool) one round = forward over
+the B blocks of 32 tokens + LowConfidence's step, timed with CUDA events (median of --iters
+after --warmup). Backends: "triton" (Triton attention and MoE, the fused step) and "torch"
+(the plain PyTorch reference, no custom kernels, no graphs). The floor is the larger of exact
+bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
+(benchmarks/round_cost.py). Rounds are eager (CUDA graphs are part 2 of the issue).
+Runs on the CPU too (wall-clock timing, assumed ceilings) for a smoke test with --preset tiny.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks.common import git_commit, write_json
+from benchmarks.round_cost import RoundCost, round_cost
+from dllm_serve.dllm.algorithms import DenoiseBatch, DllmAlgorithm, build_algorithm
+from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.layers.moe import Experts, route
+from dllm_serve.model.config import ModelConfig
+from dllm_serve.model.forward_batch import ForwardBatch
+from dllm_serve.model.loader import materialize
+from dllm_serve.model.runner import ModelRunner
+from dllm_serve.models import get_model_class
+from dllm_serve.models.llada2 import init_weights
+from dllm_serve.server_args import ServerArgs
+from dllm_serve.tools.tiny_checkpoint import PRESETS, llada2_config, preset_overrides
+from dllm_serve.tools.tiny_tokenizer import build_tokenizer
+
+BLOCK = 32
+CPU_CEILINGS = (50e9, 1e12)  # bytes/s, FLOP/s: placeholders for a CPU smoke run
+# name -> (attention backend, MoE backend, DllmAlgorithm.fused_predict)
+BACKENDS = {"triton": ("triton", "triton", True), "torch": ("torch", "torch", False)}
+
+
+def build_model(hf: dict[str, Any], dtype: torch.dtype, device: torch.device,
+                seed: int) -> nn.Module:
+    """The model class for `hf`, allocated like the loader does, with random weights."""
+    cls = get_model_class(hf["architectures"][0])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = cls(hf)
+    finally:
+        torch.set_default_dtype(previous)
+    materialize(model, dtype, device, model.weight_map)
+    torch.manual_seed(seed)
+    init_weights(model, std=0.02)
+    with torch.no_grad():  # router bias spread like a trained one, so choices vary by layer
+        for name, p in model.named_parameters():
+            if name.endswith("expert_bias"):
+                p.normal_(0.0, 0.05)
+    return model.eval()
+
+
+def make_runner(hf: dict[str, Any], model: nn.Module, backend: str, max_batch: int,
+                max_prefix: int, device: torch.device, dtype: torch.dtype) -> ModelRunner:
+    attention, moe, _ = BACKENDS[backend]
+    context = max_prefix + 2 * BLOCK
+    args = ServerArgs(device=device.type, dtype=str(dtype).removeprefix("torch."),
+                      attention_backend=attention, moe_backend=moe, context_length=context,
+                      max_running_requests=max_batch,
+                      max_total_tokens=max_batch * context + 64 * BLOCK)
+    config = ModelConfig(path=Path("(random weights)"), architecture=hf["architectures"][0],
+                         hf=hf, vocab_size=hf["vocab_size"],
+                         max_position_embeddings=hf["max_position_embeddings"])
+    dllm = DllmConfig(algorithm="LowConfidence", block_size=BLOCK, mask_id=hf["mask_token_id"])
+    runner = ModelRunner(config, dllm, args, model=model)
+    with torch.no_grad():
+        for t in runner.kv.k + runner.kv.v:
+            t.normal_()
+    return runner
+
+
+def scatter_pages(runner: ModelRunner, prefixes: list[int], rng: np.random.Generator) -> None:
+    """Request b (slot b) gets enough pages for prefix + block, drawn at random from the pool."""
+    need = [-(-(p + BLOCK) // runner.page_size) for p in prefixes]
+    pool = rng.permutation(runner.num_pages)
+    ends = np.cumsum(need)
+    runner.kv.set_pages(list(range(len(prefixes))),
+                        [pool[e - n:e] for e, n in zip(ends, need, strict=True)])
+
+
+def denoise_batch(ids: torch.Tensor, prefixes: list[int]) -> DenoiseBatch:
+    """A greedy DenoiseBatch, one block per request (fields of any DenoiseBatch layout)."""
+    b = len(prefixes)
+    values = dict(block_ids=ids, params={}, temperatures=[0.0] * b, top_ps=[1.0] * b,
+                  seeds=[0] * b, block_starts=prefixes, first_starts=prefixes,
+                  num_blocks=[1] * b, limits=[p + BLOCK for p in prefixes],
+                  block_steps=np.zeros(b, dtype=np.int64))
+    names = {f.name for f in dataclasses.fields(DenoiseBatch)}
+    return DenoiseBatch(**{k: v for k, v in values.items() if k in names})
+
+
+def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
+             rng: np.random.Generator) -> tuple[Callable[[], None], ForwardBatch]:
+    """One round (forward + step) over fresh half-masked blocks, repeatable."""
+    vocab = runner.model.config.vocab_size
+    init = torch.from_numpy(rng.integers(0, vocab, (len(prefixes), BLOCK))).to(runner.device)
+    init = torch.where(torch.rand(init.shape, device=runner.device) < 0.5, algo.mask_id, init)
+    ids = init.clone()
+    positions = (np.asarray(prefixes)[:, None] + np.arange(BLOCK)[None, :]).reshape(-1)
+    fb = runner._batch(ids.view(-1), positions, list(range(len(prefixes))), prefixes,
+                       [BLOCK] * len(prefixes), logits=True)
+    batch = denoise_batch(ids, prefixes)
+    state = algo.init_step_state(ids)
+
+    def run() -> None:
+        ids.copy_(init)
+        algo.step(batch, runner.forward(fb), state)
+
+    return run, fb
+
+
+def time_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
+    """Median milliseconds of fn (CUDA events on a GPU, wall clock on the CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def experts_touched(runner: ModelRunner, fb: ForwardBatch) -> dict[int, int]:
+    """MoE layer -> distinct experts the round's tokens chose (one extra forward)."""
+    counts: dict[int, int] = {}
+    hooks = []
+    for name, module in runner.model.named_modules():
+        if isinstance(module, Experts):
+            layer = int(name.split(".layers.")[1].split(".")[0])
+
+            def record(m: nn.Module, args: tuple, out: torch.Tensor, layer: int = layer) -> None:
+                ids, _ = route(args[1], args[2], args[3])
+                counts[layer] = int(ids.unique().numel())
+
+            hooks.append(module.register_forward_hook(record))
+    runner.forward(fb)
+    for h in hooks:
+        h.remove()
+    return counts
+
+
+def measure_ceilings(device: torch.device) -> tuple[float, float]:
+    """(copy bandwidth bytes/s counting read + write, bf16 matmul FLOP/s), measured."""
+    if device.type != "cuda":
+        return CPU_CEILINGS
+    src = torch.randn(2 ** 30, device=device, dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src), 3, 20, device)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    mm_ms = time_ms(lambda: a @ b, 3, 20, device)
+    return 2 * src.numel() * 2 / (copy_ms / 1e3), 2 * 8192 ** 3 / (mm_ms / 1e3)
+
+
+def ragged_prefixes(batch: int, prefix: int, rng: np.random.Generator) -> list[int]:
+    low = max(0, int(0.9 * prefix) // BLOCK)
+    return (rng.integers(low, prefix // BLOCK + 1, batch) * BLOCK).tolist()
+
+
+def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argparse.Namespace,
+                device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
+    runner = make_runner(hf, model, backend, max(args.batch_sizes), max(args.prefixes), device,
+                         dtype)
+    dllm = DllmConfig(algorithm="LowConfidence", block_size=BLOCK, mask_id=hf["mask_token_id"])
+    algo = build_algorithm(dllm)
+    algo.fused_predict = BACKENDS[backend][2]
+    rows = []
+    for prefix in args.prefixes:
+        for batch in args.batch_sizes:
+            rng = np.random.default_rng(batch * 7919 + prefix)
+            prefixes = ragged_prefixes(batch, prefix, rng)
+            scatter_pages(runner, prefixes, rng)
+            fn, fb = round_fn(runner, algo, prefixes, rng)
+            with torch.inference_mode():
+                ms = time_ms(fn, args.warmup, args.iters, device)
+            rows.append({"backend": backend, "batch": batch, "prefix": prefix,
+                         "prefixes": prefixes, "round_ms": ms,
+                         "experts_touched": experts_touched(runner, fb)})
+            print(f"{backend:6s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
+    del runner
+    return rows
+
+
+def add_floor(row: dict[str, Any], model: nn.Module, hf: dict[str, Any], itemsize: int,
+              ceilings: tuple[float, float]) -> None:
+    cost: RoundCost = round_cost(model, model.config, row["prefixes"], BLOCK,
+                                 row["experts_touched"], itemsize)
+    floor_ms = 1e3 * cost.floor_s(*ceilings)
+    row.update(weight_gb=cost.weight_bytes / 1e9, kv_gb=cost.kv_bytes / 1e9,
+               tflop=cost.flops / 1e12, floor_ms=floor_ms, bound=cost.bound(*ceilings),
+               ratio=row["round_ms"] / floor_ms)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    torch_ms = {(r["batch"], r["prefix"]): r["round_ms"] for r in rows if r["backend"] == "torch"}
+    lines = ["| backend | B | prefix | round ms | floor ms | ratio | bound | GB | TFLOP "
+             "| vs torch |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ref = torch_ms.get((r["batch"], r["prefix"]))
+        speedup = f"{ref / r['round_ms']:.2f}x" if ref else "-"
+        lines.append(f"| {r['backend']} | {r['batch']} | ~{r['prefix']} | {r['round_ms']:.2f} | "
+                     f"{r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['bound']} | "
+                     f"{r['weight_gb'] + r['kv_gb']:.2f} | {r['tflop']:.3f} | {speedup} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="llada2-mini-shape", choices=sorted(PRESETS))
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="config.json override (repeatable), JSON value")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    parser.add_argument("--prefixes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--backends", nargs="+", default=["triton", "torch"],
+                        choices=sorted(BACKENDS))
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="JSON results; a .md table beside it")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    overrides = dict(preset_overrides(args.preset))
+    overrides.update((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.overrides))
+    hf = llada2_config(build_tokenizer(), PRESETS[args.preset], overrides)
+    model = build_model(hf, dtype, device, args.seed)
+    ceilings = measure_ceilings(device)
+    print(f"ceilings: {ceilings[0] / 1e12:.2f} TB/s, {ceilings[1] / 1e12:.0f} TFLOP/s", flush=True)
+    rows = [r for b in args.backends for r in run_backend(hf, model, b, args, device, dtype)]
+    for r in rows:
+        add_floor(r, model, hf, torch.finfo(dtype).bits // 8, ceilings)
+    text = table(rows)
+    print(text)
+    write_json(args.out, {"commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                          "device": torch.cuda.get_device_name(device)
+                          if device.type == "cuda" else "cpu",
+                          "ceilings": {"bytes_per_s": ceilings[0], "flops": ceilings[1]},
+                          "config": {k: hf[k] for k in ("hidden_size", "num_hidden_layers",
+                                                         "num_experts", "vocab_size")},
+                          "rows": rows})
+    if args.out:
+        Path(args.out).with_suffix(".md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
