@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -40,6 +41,24 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-length", type=int, default=None)
 
 
+# Execution modes by name -> the Engine keywords that select them; every benchmark that takes
+# --modes picks up a new entry. sync and fdfo decode one block at a time, as SGLang does.
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {"dllm_fdfo": False, "dllm_wavefront_size": 1},
+    "fdfo": {"dllm_fdfo": True, "dllm_wavefront_size": 1},
+    "wavefront": {"dllm_fdfo": True, "dllm_wavefront_size": 2},
+}
+
+
+def mode_name(server_info: dict[str, Any]) -> str:
+    """The MODES name matching a server's settings (from get_server_info), or "unknown".
+    Keys the server does not report are not compared."""
+    for name, kw in MODES.items():
+        if all(server_info[k] == v for k, v in kw.items() if k in server_info):
+            return name
+    return "unknown"
+
+
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = ("model_path", "device", "dtype", "dllm_algorithm", "dllm_algorithm_config",
             "attention_backend", "max_total_tokens", "context_length")
@@ -47,18 +66,44 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except OSError:
+    """HEAD's hash, with "-dirty" when tracked files differ from it; "unknown" outside git."""
+    head = _git("rev-parse", "HEAD")
+    if not head:
         return "unknown"
+    return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def write_json(path: str | None, result: dict[str, Any]) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(result, indent=2))
+
+
+def per_request_forward(tokens: int, denoise_steps: list[int | None]) -> float | None:
+    """Tokens per denoise forward the requests sat in (waiting in a sync batch included);
+    None unless every request reported its count."""
+    known = [s for s in denoise_steps if s is not None]
+    if len(known) != len(denoise_steps) or not sum(known):
+        return None
+    return tokens / sum(known)
+
+
+def summary(values: list[float]) -> dict[str, float | None]:
+    """mean, median, std, p90, p99, max of `values` (None when empty)."""
+    if not values:
+        return dict.fromkeys(("mean", "median", "std", "p90", "p99", "max"))
+    return {"mean": statistics.fmean(values), "median": statistics.median(values),
+            "std": statistics.pstdev(values), "p90": percentile(values, 90),
+            "p99": percentile(values, 99), "max": max(values)}
 
 
 def percentile(values: list[float], q: float) -> float:

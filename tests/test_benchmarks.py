@@ -1,0 +1,242 @@
+"""The benchmark scripts end to end on CPU with the tiny checkpoint, and their pure parts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import gsm8k, offline_throughput, plot, remote, serving
+from benchmarks.common import DATA_DIR, read_jsonl
+from benchmarks.gsm8k_protocol import (
+    STOP,
+    build_prompts,
+    extract_answer,
+    label,
+    load_shots,
+)
+from benchmarks.serving_metrics import aggregate, chunk_tokens
+from benchmarks.stream_client import StreamRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_ROWS = read_jsonl(DATA_DIR / "test.jsonl")
+
+# ---- the GSM8K protocol ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("index", "expected"), [
+    (0, 18),            # Janet's ducks
+    (146, 2125),        # "#### 2,125"
+    (611, 1450000),     # "#### 1,450,000"
+    (489, -10),         # "#### -10"
+    (1113, -3),         # "-6 + 3 = -3 degrees ... #### -3"
+])
+def test_labels_of_real_gsm8k_answers(index: int, expected: int) -> None:
+    assert label(TEST_ROWS[index]) == expected
+
+
+@pytest.mark.parametrize(("completion", "expected"), [
+    (TEST_ROWS[0]["answer"], 18),
+    (" She makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18\n\n", 18),
+    (" The total is 1,450,000 dollars.", 1450000),
+    (" It was -3 degrees Celsius in the morning.", -3),
+    (" 50,000-36,000 = 14,000 bars", 14000),           # a minus between digits subtracts
+    (" He pays $3.50", 50),                            # the last integer, as SGLang reads it
+    (" I do not know the answer.", None),
+    ("", None),
+])
+def test_extract_answer(completion: str, expected: int | None) -> None:
+    assert extract_answer(completion) == expected
+
+
+def test_prompt_format_and_shot_sources() -> None:
+    shots = load_shots("train", 5, TEST_ROWS)
+    assert shots[0]["question"].startswith("Natalia sold clips")
+    prompt = build_prompts(TEST_ROWS[:1], shots)[0]
+    first = f"Question: {shots[0]['question']}\nAnswer: {shots[0]['answer']}\n\n"
+    assert prompt.startswith(first) and prompt.count("Question: ") == 6
+    assert prompt.endswith(f"Question: {TEST_ROWS[0]['question']}\nAnswer:")
+    assert load_shots("test", 5, TEST_ROWS) == TEST_ROWS[:5]  # SGLang's quirk
+    assert STOP == ["Question", "Assistant:", "<|separator|>"]
+
+
+# ---- metrics on synthetic streams -------------------------------------------------------------
+
+
+def _record(times: list[float], texts: list[str], usage: list[int] | None = None,
+            completion_tokens: int | None = None) -> StreamRecord:
+    return StreamRecord(prompt_len=10, max_tokens=64, ok=True, latency=times[-1] + 0.01,
+                        chunk_times=times, chunk_texts=texts, chunk_usage=usage or [],
+                        prompt_tokens=10, completion_tokens=completion_tokens,
+                        finish_reason="stop")
+
+
+def test_inter_token_latency_divides_each_gap_by_its_tokens() -> None:
+    rec = _record([0.1, 0.3, 0.4], ["a", "b", "c"], usage=[4, 8, 10], completion_tokens=10)
+    assert chunk_tokens(rec, None) == ([4, 4, 2], "per-chunk usage")
+    m = aggregate([rec], duration=1.0, encode=None)
+    assert m["itl_block_ms"]["mean"] == pytest.approx(150.0)  # gaps 200 and 100 ms
+    # 4 gaps of 50 ms, 2 of 50 ms: every token of the second and third blocks counts once
+    assert m["itl_token_ms"]["mean"] == pytest.approx(50.0)
+    assert m["ttft_ms"]["mean"] == pytest.approx(100.0)
+    assert m["total_output_tokens"] == 10 and m["output_throughput"] == pytest.approx(10.0)
+
+
+def test_retokenised_counts_and_unavailable_without_tokenizer() -> None:
+    rec = _record([0.1, 0.2], ["one two ", "three"], completion_tokens=3)
+    assert chunk_tokens(rec, str.split) == ([2, 1], "re-tokenised text")
+    rec.completion_tokens = 6  # re-encoding disagrees with usage: scaled to add up to it
+    assert chunk_tokens(rec, str.split) == ([4, 2], "re-tokenised text")
+    m = aggregate([rec, StreamRecord(5, 8, error="HTTP 500: boom")], 1.0, None)
+    assert m["itl_token_ms"] is None and m["completed"] == 1 and m["failed"] == 1
+    assert m["errors"] == ["HTTP 500: boom"]
+
+
+def test_remote_helpers() -> None:
+    assert remote.api_root("http://h:1/v1/") == remote.api_root("http://h:1") == "http://h:1"
+    assert remote.block_stats(None, 10)["tokens_per_forward"] is None
+    delta = {"request_steps": 30, "wasted_request_steps": 10, "committed_blocks": 4}
+    stats = remote.block_stats(delta, 40)
+    assert stats["tokens_per_forward"] == 2.0 and stats["forwards_per_block_mean"] == 5.0
+
+
+# ---- end to end on the tiny checkpoint -----------------------------------------------------------
+
+GSM8K_FIELDS = ("accuracy", "invalid_rate", "failures", "latency_s", "request_latency_s",
+                "output_tokens", "output_throughput", "tokens_per_forward",
+                "forwards_per_block_mean", "forwards_per_block")
+SERVING_FIELDS = ("completed", "failed", "duration_s", "request_throughput", "input_throughput",
+                  "output_throughput", "total_token_throughput", "ttft_ms", "itl_block_ms",
+                  "itl_token_ms", "tpot_ms", "e2e_latency_ms", "tokens_per_forward")
+LATENCY_FIELDS = ("mean", "median", "p99")
+
+
+def _engine_args(model_dir: Path) -> list[str]:
+    return ["--model-path", str(model_dir), "--device", "cpu"]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench_results")
+
+
+@pytest.fixture(scope="module")
+def gsm8k_engine_json(tiny_model_dir: Path, out_dir: Path) -> Path:
+    path = out_dir / "gsm8k_engine.json"
+    gsm8k.main([*_engine_args(tiny_model_dir), "--num-questions", "3", "--max-new-tokens", "40",
+                "--parallel", "3", "--max-running-requests", "2", "--output", str(path)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline_json(tiny_model_dir: Path, out_dir: Path) -> Path:
+    path = out_dir / "offline.json"
+    offline_throughput.main([*_engine_args(tiny_model_dir), "--num-prompts", "4",
+                             "--max-new-tokens", "40", "--max-running-requests", "2",
+                             "--output", str(path)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_model_dir: Path):
+    from fake_openai_server import serve
+
+    from dllm_serve import Engine
+
+    with Engine(model_path=str(tiny_model_dir), device="cpu", max_running_requests=4,
+                dllm_fdfo=True, dllm_wavefront_size=1, log_level="warning") as engine, \
+            serve(engine) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def serving_json(server_url: str, out_dir: Path) -> Path:
+    path = out_dir / "serving.json"
+    serving.main(["--base-url", server_url, "--dataset", "random", "--num-prompts", "6",
+                  "--random-input-len", "48", "--random-output-len", "40",
+                  "--request-rate", "20", "--max-concurrency", "3", "--output", str(path),
+                  "--output-details"])
+    return path
+
+
+def test_gsm8k_engine_mode(gsm8k_engine_json: Path) -> None:
+    result = _read(gsm8k_engine_json)
+    r = result["results"]
+    assert all(k in r for k in GSM8K_FIELDS) and r["num_questions"] == 3
+    assert result["git_commit"] and result["config"]["backend"] == "engine"
+    assert result["config"]["num_shots"] == 5 and result["config"]["stop"] == STOP
+    assert all(k in r["request_latency_s"] for k in LATENCY_FIELDS)
+    assert r["forwards_per_block"] and r["tokens_per_forward"] > 0
+    # the server-side formula (request-steps minus waste) agrees with the per-block counts
+    from_stats = remote.block_stats(r["server_stats"], r["output_tokens"])
+    assert from_stats["tokens_per_forward"] == pytest.approx(r["tokens_per_forward"])
+    assert len(result["questions"]) == 3 and result["questions"][0]["label"] == 18
+
+
+def test_gsm8k_server_mode(server_url: str, out_dir: Path) -> None:
+    path = out_dir / "gsm8k_server.json"
+    gsm8k.main(["--base-url", server_url, "--num-questions", "2", "--max-new-tokens", "40",
+                "--parallel", "2", "--output", str(path)])
+    r = _read(path)["results"]
+    assert all(k in r for k in GSM8K_FIELDS) and r["failures"] == 0
+    assert r["output_tokens"] > 0 and r["tokens_per_forward"] > 0
+    assert r["source"].startswith("server")
+
+
+def test_offline_throughput(offline_json: Path) -> None:
+    result = _read(offline_json)
+    runs = {(r["mode"], r["max_running_requests"]): r for r in result["runs"]}
+    assert set(runs) == {("sync", 2), ("fdfo", 2)}
+    for run in runs.values():
+        for key in ("output_throughput", "tokens_per_forward", "forwards_per_block_mean",
+                    "wasted_request_steps", "e2e_latency_s"):
+            assert key in run
+    assert runs[("fdfo", 2)]["wasted_request_steps"] == 0
+    assert set(result["fdfo_over_sync"]) == {"2"} and result["git_commit"]
+
+
+def test_serving_random_poisson(serving_json: Path) -> None:
+    result = _read(serving_json)
+    r = result["results"]
+    assert all(k in r for k in SERVING_FIELDS)
+    assert r["completed"] == 6 and r["failed"] == 0
+    for key in ("ttft_ms", "itl_block_ms", "itl_token_ms", "e2e_latency_ms"):
+        assert all(r[key][k] is not None for k in LATENCY_FIELDS), key
+    # ignore_eos: each request produced exactly its random output length, from usage
+    details = result["details"]
+    assert all(d["output_tokens"] == d["max_tokens"] for d in details)
+    assert r["total_output_tokens"] == sum(d["max_tokens"] for d in details)
+    assert result["config"]["server_mode"] == "fdfo" and r["tokens_per_forward"] > 0
+
+
+def test_serving_gsm8k_prompts_inf_rate(server_url: str, out_dir: Path) -> None:
+    path = out_dir / "serving_gsm8k.json"
+    serving.main(["--base-url", server_url, "--num-prompts", "2", "--gsm8k-output-len", "40",
+                  "--num-shots", "1", "--output", str(path)])
+    r = _read(path)["results"]
+    assert r["completed"] == 2 and r["total_input_tokens"] > 0
+
+
+def test_plot_writes_pngs(gsm8k_engine_json: Path, offline_json: Path, serving_json: Path,
+                          tmp_path: Path) -> None:
+    written = plot.main([str(gsm8k_engine_json.parent), "--out-dir", str(tmp_path)])
+    names = {p.name for p in written}
+    assert names == {"throughput_vs_concurrency.png", "latency_vs_concurrency.png",
+                     "forwards_per_block.png", "accuracy_vs_tpf.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+
+@pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot"])
+def test_runs_as_a_script_with_help(script: str) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
+                         capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout
