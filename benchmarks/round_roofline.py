@@ -18,7 +18,6 @@ Runs on the CPU too (wall-clock timing, assumed ceilings) for a smoke test with 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -105,14 +104,12 @@ def scatter_pages(runner: ModelRunner, prefixes: list[int], rng: np.random.Gener
 
 
 def denoise_batch(ids: torch.Tensor, prefixes: list[int]) -> DenoiseBatch:
-    """A greedy DenoiseBatch, one block per request (fields of any DenoiseBatch layout)."""
+    """A greedy DenoiseBatch, one block per request."""
     b = len(prefixes)
-    values = dict(block_ids=ids, params={}, temperatures=[0.0] * b, top_ps=[1.0] * b,
-                  seeds=[0] * b, block_starts=prefixes, first_starts=prefixes,
-                  num_blocks=[1] * b, limits=[p + BLOCK for p in prefixes],
-                  block_steps=np.zeros(b, dtype=np.int64))
-    names = {f.name for f in dataclasses.fields(DenoiseBatch)}
-    return DenoiseBatch(**{k: v for k, v in values.items() if k in names})
+    return DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
+                        limits=[p + BLOCK for p in prefixes], temperatures=[0.0] * b,
+                        top_ps=[1.0] * b, seeds=[0] * b, params={},
+                        block_steps=np.zeros(b, dtype=np.int64))
 
 
 def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
@@ -122,10 +119,8 @@ def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
     init = torch.from_numpy(rng.integers(0, vocab, (len(prefixes), BLOCK))).to(runner.device)
     init = torch.where(torch.rand(init.shape, device=runner.device) < 0.5, algo.mask_id, init)
     ids = init.clone()
-    positions = (np.asarray(prefixes)[:, None] + np.arange(BLOCK)[None, :]).reshape(-1)
-    fb = runner._batch(ids.view(-1), positions, list(range(len(prefixes))), prefixes,
-                       [BLOCK] * len(prefixes), logits=True)
     batch = denoise_batch(ids, prefixes)
+    fb = runner.denoise_batch(list(range(len(prefixes))), batch)
     state = algo.init_step_state(ids)
 
     def run() -> None:
@@ -175,6 +170,22 @@ def experts_touched(runner: ModelRunner, fb: ForwardBatch) -> dict[int, int]:
     return counts
 
 
+def profile_table(fn: Callable[[], None], rounds: int = 3) -> str:
+    """torch.profiler's per-kernel table over a few rounds (device time first)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(rounds):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=30)
+
+
 def measure_ceilings(device: torch.device) -> tuple[float, float]:
     """(copy bandwidth bytes/s counting read + write, bf16 matmul FLOP/s), measured."""
     if device.type != "cuda":
@@ -209,6 +220,10 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
             fn, fb = round_fn(runner, algo, prefixes, rng)
             with torch.inference_mode():
                 ms = time_ms(fn, args.warmup, args.iters, device)
+                if args.out and [batch, prefix] == args.profile:
+                    path = Path(args.out).parent / f"profile_{backend}_B{batch}_P{prefix}.txt"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(profile_table(fn))
             rows.append({"backend": backend, "batch": batch, "prefix": prefix,
                          "prefixes": prefixes, "round_ms": ms,
                          "experts_touched": experts_touched(runner, fb)})
@@ -254,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON results; a .md table beside it")
+    parser.add_argument("--profile", type=int, nargs=2, default=[16, 4096], metavar=("B", "P"),
+                        help="write a torch.profiler kernel table for this case beside --out")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -89,4 +89,4 @@ def test_tiny_model_logits_with_compiled_kernels(tiny_model_dir: Path) -> None:
     ref = first_logits(tiny_model_dir, "torch")
     out = first_logits(tiny_model_dir, "triton")
     err = ((out - ref).norm() / ref.norm()).item()
-    assert torch.isfinite(out).all() and err < 3e-2, f"relative error {err:.2e}"
+    assert torch.isfinite(out).all() and err < 5e-2, f"relative error {err:.2e}"

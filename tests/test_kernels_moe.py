@@ -30,6 +30,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+def assert_same_routing(ids: torch.Tensor, weights: torch.Tensor, ref_ids: torch.Tensor,
+                        ref_weights: torch.Tensor) -> None:
+    """Same experts in the same order, same weights. On the GPU the kernel's sigmoid may round
+    differently from torch's, which can flip a near-tie: up to 1 token in 200 may differ."""
+    same = (ids == ref_ids).all(1)
+    allowed = 0 if DEVICE.type == "cpu" else 1 + ids.shape[0] // 200
+    assert int((~same).sum()) <= allowed, f"{int((~same).sum())} tokens routed differently"
+    torch.testing.assert_close(weights[same], ref_weights[same], rtol=1e-5, atol=1e-6)
+
+
 def tolerance(dtype: torch.dtype) -> float:
     if dtype == torch.float32:
         return 1e-5 if DEVICE.type == "cpu" else 5e-3  # tf32 dots on the GPU
@@ -42,10 +52,7 @@ def test_route_equals_reference(name: str) -> None:
     gen = torch.Generator().manual_seed(0)
     logits = rand(41, experts, gen=gen, scale=2.0)
     bias = rand(experts, gen=gen, scale=0.1) if p.score_function == "sigmoid" else None
-    ids, weights = fused_route(logits, bias, p)
-    ref_ids, ref_weights = route(logits, bias, p)
-    assert torch.equal(ids, ref_ids)
-    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    assert_same_routing(*fused_route(logits, bias, p), *route(logits, bias, p))
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (13, 8, 2), (50, 4, 3)])
@@ -121,9 +128,7 @@ def test_llada2_mini_moe_layer(tokens: int) -> None:
     w13 = rand(256, 1024, 2048, gen=gen, scale=0.02, dtype=torch.bfloat16)
     w2 = rand(256, 2048, 512, gen=gen, scale=0.02, dtype=torch.bfloat16)
     logits, bias = rand(tokens, 256, gen=gen), rand(256, gen=gen, scale=0.1)
-    ids, weights = fused_route(logits, bias, LLADA2)
-    ref_ids, ref_weights = route(logits, bias, LLADA2)
-    assert torch.equal(ids, ref_ids)
-    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    ids, weights = route(logits, bias, LLADA2)
+    assert_same_routing(*fused_route(logits, bias, LLADA2), ids, weights)
     out = fused_experts(x, w13, w2, ids, weights)
-    assert rel_err(out, moe_reference(x, w13, w2, ref_ids, ref_weights)) < 2e-2
+    assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < 2e-2
