@@ -86,6 +86,8 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """q (T, H, D), k_cache/v_cache (slots, KVH, D), req_to_page (R, P), seg_req (S,)
     -> (T, H * D) in q.dtype. The segments' own K/V must already be in the cache."""
     check_device(q, "block_attention")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     t, h, d = q.shape
     kvh = k_cache.shape[1]
     out = q.new_empty(t, h * d)
