@@ -101,6 +101,7 @@ def test_joint_threshold_m2t_and_t2t_in_one_step_prompt_never_edited() -> None:
     algo.step(b, logits(spec), state)
     # prompt kept; 7 -> 2 (T2T, p > 0); mask -> 3 (M2T, p > 0.5); last mask stays
     assert b.block_ids.tolist() == [[6, 2, 3, M]]
+    assert algo.edits(state).tolist() == [1]
 
 
 def test_joint_threshold_finishes_when_nothing_changes_then_done() -> None:

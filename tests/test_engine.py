@@ -39,6 +39,7 @@ def test_generate_single_batch_and_ids(engine: Engine) -> None:
     assert one["meta_info"]["completion_tokens"] == 40 == len(one["output_ids"])
     assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
     assert one["meta_info"]["blocks"] == 2 and len(one["meta_info"]["block_forwards"]) == 2
+    assert one["meta_info"]["block_edits"] == [0, 0]  # LowConfidence never edits
     many = engine.generate(["a", "bb"], [{"max_new_tokens": 3}, {"max_new_tokens": 5,
                                                                  "ignore_eos": True}])
     assert [m["meta_info"]["prompt_tokens"] for m in many] == [1, 2]
@@ -115,9 +116,12 @@ def test_bs1_fdfo_and_sync_are_byte_identical(tiny_model_dir: Path, algorithm: s
     for fdfo in (True, False):
         with make_engine(tiny_model_dir, dllm_algorithm=algorithm, dllm_fdfo=fdfo,
                          max_running_requests=1) as e:
-            outs[fdfo] = [o["output_ids"] for o in e.generate(prompts, params)]
+            results = e.generate(prompts, params)
+            outs[fdfo] = [o["output_ids"] for o in results]
+            edits = [x for o in results for x in o["meta_info"]["block_edits"]]
     assert all(len(o) == 100 for o in outs[True])
     assert outs[True] == outs[False]
+    assert (sum(edits) > 0) == (algorithm == "JointThreshold")
 
 
 @pytest.mark.parametrize("victim", ["worker", "scheduler"])

@@ -47,7 +47,8 @@ class FakeWorker:
         states = [None if d else {"n": np.array(1)} for d in done]
         steps = work.block_steps + forwards
         return RoundResult(ids, work.num_blocks, done.astype(np.int64), states, steps,
-                           np.where(done, work.block_steps + left, 0), forwards)
+                           np.where(done, work.block_steps + left, 0), forwards,
+                           np.zeros(len(done), dtype=np.int64))
 
 
 def make(worker: FakeWorker, fdfo: bool = True, mrr: int = 4, pages: int = 64,

@@ -59,6 +59,7 @@ class ReqOutput:
     denoise_steps: int = 0  # of which denoise forwards
     blocks: int = 0  # committed generation blocks
     block_forwards: list[int] = field(default_factory=list)  # per block; sent with the last output
+    block_edits: list[int] = field(default_factory=list)  # per block; sent with the last output
 
 
 @dataclass
@@ -145,6 +146,7 @@ class RoundResult:
     block_steps: np.ndarray  # (N',) int64
     done_steps: np.ndarray  # (N',) block_steps when each block's run of done reports began
     forwards: int  # forwards run this round (every request took part in each)
+    block_edits: np.ndarray  # (N',) int64 T2T edits each block has had (0 if none)
 
     def accept_lengths(self, block_size: int) -> np.ndarray:
         return self.retired * block_size

@@ -43,6 +43,7 @@ class Req:
     dllm_algo_state: list[dict[str, np.ndarray] | None] | None = None  # n states
     block_steps: list[int] = field(default_factory=list)  # forwards each unfinished block had
     block_forwards: list[int] = field(default_factory=list)  # forwards each block took to finish
+    block_edits: list[int] = field(default_factory=list)  # T2T edits in each committed block
     forward_steps: int = 0
     denoise_steps: int = 0  # forwards excluding prefill
     blocks: int = 0

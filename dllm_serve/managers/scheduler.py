@@ -215,6 +215,7 @@ class Scheduler:
         """Commit the request's leading `count` blocks, in order, until it finishes."""
         for row in range(first, first + count):
             req.block_forwards.append(int(result.done_steps[row]))
+            req.block_edits.append(int(result.block_edits[row]))
             self._commit(req, result.block_ids[row])
             if req.finished:
                 return
@@ -268,7 +269,8 @@ class Scheduler:
             rid=req.rid, new_ids=new, finished=req.finished, finish_reason=req.finish_reason,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             forward_steps=req.forward_steps, denoise_steps=req.denoise_steps, blocks=req.blocks,
-            block_forwards=list(req.block_forwards) if req.finished else [])
+            block_forwards=list(req.block_forwards) if req.finished else [],
+            block_edits=list(req.block_edits) if req.finished else [])
 
     # ---- introspection --------------------------------------------------------------------
 

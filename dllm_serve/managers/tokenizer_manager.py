@@ -187,7 +187,7 @@ class TokenizerManager:
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
                 "forward_steps": out.forward_steps, "denoise_steps": out.denoise_steps,
                 "blocks": out.blocks,
-                "block_forwards": out.block_forwards,
+                "block_forwards": out.block_forwards, "block_edits": out.block_edits,
                 "e2e_latency": now - state.created,
                 "time_to_first_block": state.first_output - state.created}
         state.callback(GenOutput(out.rid, state.detok.text, delta, list(state.output_ids),

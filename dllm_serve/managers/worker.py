@@ -54,11 +54,14 @@ class Worker:
         for b, (n, r) in enumerate(zip(out.batch.num_blocks, out.retired, strict=True)):
             first = sum(out.batch.num_blocks[:b])
             retired[first:first + min(r, n)] = True
+        edits = self.algo.edits(out.state) if out.state is not None else None
         return RoundResult(
             block_ids=out.batch.block_ids.cpu().numpy(), num_blocks=out.batch.num_blocks,
             retired=out.retired, states=split_states(out.state, retired),
             block_steps=out.batch.block_steps, done_steps=out.done_steps,
-            forwards=out.forwards)
+            forwards=out.forwards,
+            block_edits=(np.zeros(out.batch.size, dtype=np.int64) if edits is None
+                         else edits.cpu().numpy()))
 
     def _batch(self, work: DenoiseWork) -> DenoiseBatch:
         device = self.runner.device

@@ -106,6 +106,11 @@ class DllmAlgorithm(ABC):
         """Upper bound on step() calls for one block, the done-on-entry step included."""
         return block_size + 1
 
+    def edits(self, state: State | None) -> torch.Tensor | None:
+        """(N,) tokens each block has had rewritten (token-to-token edits), if the algorithm
+        edits; reported per committed block as meta_info["block_edits"]."""
+        return None
+
     def reopen(self, state: State | None, rows: torch.Tensor) -> None:
         """Blocks whose left context just changed (rows (N,) bool): forget any convergence
         judged against the old context. Default: nothing to forget."""

@@ -5,6 +5,7 @@ Per block state, created when the block starts:
       first generation block); never edited.
   post_edit_steps (B,) int64: steps taken since the block had no masks left.
   finished (B,) bool: the block converged; the next step reports it done.
+  t2t_edits (B,) int64: tokens rewritten by T2T so far (reported per committed block).
 Each step: M2T unmasks masked positions with confidence > threshold (top-1 fallback);
 T2T rewrites non-prompt written positions whose argmax differs from the current token with
 confidence > edit_threshold. A block finishes when a step changes nothing, or when it has spent
@@ -51,6 +52,7 @@ class JointThreshold(DllmAlgorithm):
             "prompt_mask": block_ids != self.mask_id,
             "post_edit_steps": torch.zeros(size, dtype=torch.int64, device=block_ids.device),
             "finished": torch.zeros(size, dtype=torch.bool, device=block_ids.device),
+            "t2t_edits": torch.zeros(size, dtype=torch.int64, device=block_ids.device),
         }
 
     def max_steps(self, block_size: int) -> int:
@@ -79,8 +81,13 @@ class JointThreshold(DllmAlgorithm):
         transfer = (m2t | t2t) & live[:, None]
 
         state["finished"] |= over_budget | (live & ~transfer.any(1))
+        state["t2t_edits"] += (t2t & live[:, None]).sum(1)
         ids.copy_(torch.where(transfer, x, ids))
         return done
+
+    def edits(self, state: State | None) -> torch.Tensor | None:
+        assert state is not None
+        return state["t2t_edits"]
 
     def reopen(self, state: State | None, rows: torch.Tensor) -> None:
         assert state is not None
