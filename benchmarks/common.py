@@ -47,6 +47,8 @@ MODES: dict[str, dict[str, Any]] = {
     "sync": {"dllm_fdfo": False, "dllm_wavefront_size": 1},
     "fdfo": {"dllm_fdfo": True, "dllm_wavefront_size": 1},
     "wavefront": {"dllm_fdfo": True, "dllm_wavefront_size": 2},
+    # FlowBlock's baseline: the same windows, but every request opens and retires together.
+    "lockstep": {"dllm_fdfo": False, "dllm_wavefront_size": 2, "dllm_wavefront_lockstep": True},
 }
 
 
