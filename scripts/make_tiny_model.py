@@ -13,22 +13,18 @@ without writing it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from typing import Any
 
+from dllm_serve.tools.llada2_format import parse_config_override
 from dllm_serve.tools.tiny_checkpoint import ARCHES, PRESETS, build_tiny_checkpoint
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """KEY=VALUE, VALUE read as JSON when it parses (numbers, true/false, null), else a string."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
+        return parse_config_override(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,33 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from itertools import pairwise
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-BOS, EOS, MASK, ROLE_END = "<|startoftext|>", "<|endoftext|>", "<|mask|>", "<|role_end|>"
-SPECIAL_TOKENS = (BOS, EOS, MASK, "<role>", "</role>", ROLE_END, "<|separator|>")
-
-# LLaDA2's chat format: a SYSTEM turn (default 'detailed thinking off'), then HUMAN / ASSISTANT
-# turns, each closed by <|role_end|>; the generation prompt opens an ASSISTANT turn.
-CHAT_TEMPLATE = (
-    "{%- set system = 'detailed thinking off' -%}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set system = messages[0]['content'] -%}"
-    "{%- endif -%}"
-    "<role>SYSTEM</role>{{ system }}<|role_end|>"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'user' -%}"
-    "<role>HUMAN</role>{{ message['content'] }}<|role_end|>"
-    "{%- elif message['role'] == 'assistant' -%}"
-    "<role>ASSISTANT</role>{{ message['content'] }}<|role_end|>"
-    "{%- elif message['role'] == 'system' -%}"
-    "{%- if not loop.first -%}{{ raise_exception('the system message must come first') }}"
-    "{%- endif -%}"
-    "{%- else -%}"
-    "{{ raise_exception('unsupported role ' ~ message['role']) }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<role>ASSISTANT</role>{%- endif -%}"
-)
+from dllm_serve.tools.llada2_format import add_special_tokens
 
 _PROSE = """\
 The quick brown fox jumps over the lazy dog. A farmer has some hens, and every morning the hens
@@ -100,7 +76,7 @@ def _merge(parts: list[str], pair: tuple[str, str]) -> list[str]:
 
 
 def build_tokenizer(num_merges: int = 200) -> Tokenizer:
-    """Byte-level BPE: 256 bytes + learned merges + `SPECIAL_TOKENS` (appended in that order)."""
+    """Byte-level BPE: 256 bytes + learned merges + LLaDA2's special tokens, in that order."""
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     words = Counter(piece for piece, _ in pre.pre_tokenize_str(training_text()))
     merges = learn_merges(words, num_merges)
@@ -110,6 +86,5 @@ def build_tokenizer(num_merges: int = 200) -> Tokenizer:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t in SPECIAL_TOKENS])
+    add_special_tokens(tok)
     return tok
