@@ -40,9 +40,9 @@ class Engine:
         only) an iterator yields one dict per committed block, `text` holding the new text.
         Invalid requests raise RequestError before anything runs.
         """
-        batch, prompts = _normalize(prompt, input_ids)
+        batch, prompts = normalize_prompts(prompt, input_ids)
         ids = [p if isinstance(p, list) else self.front.tokenize(p) for p in prompts]
-        params = _per_prompt(sampling_params, len(ids))
+        params = per_prompt_params(sampling_params, len(ids))
         rids = [rid] if isinstance(rid, str) else (rid or [None] * len(ids))
         if len(rids) != len(ids):
             raise RequestError("rid must have one entry per prompt")
@@ -53,7 +53,7 @@ class Engine:
                 raise RequestError("stream=True takes a single prompt")
             return self._stream(ids[0], params[0], rids[0])
         waits = [self._submit(i, p, r) for i, p, r in zip(ids, params, rids, strict=True)]
-        results = [_result(_last(q)) for q in waits]
+        results = [result_dict(_last(q)) for q in waits]
         return results if batch else results[0]
 
     def _submit(self, ids: list[int], params: SamplingParams, rid: str | None,
@@ -96,8 +96,10 @@ class Engine:
             front.shutdown()
 
 
-def _normalize(prompt: str | list[str] | None, input_ids: list[int] | list[list[int]] | None,
-               ) -> tuple[bool, list[str] | list[list[int]]]:
+def normalize_prompts(prompt: str | list[str] | None,
+                      input_ids: list[int] | list[list[int]] | None,
+                      ) -> tuple[bool, list[str] | list[list[int]]]:
+    """(is it a batch, the prompts as texts or id lists); exactly one of the two is given."""
     if (prompt is None) == (input_ids is None):
         raise RequestError("give exactly one of prompt and input_ids")
     if prompt is not None:
@@ -108,7 +110,8 @@ def _normalize(prompt: str | list[str] | None, input_ids: list[int] | list[list[
     return False, [list(input_ids)]  # type: ignore[arg-type]
 
 
-def _per_prompt(params: Params, n: int) -> list[SamplingParams]:
+def per_prompt_params(params: Params, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt (a dict for all, or a list of n); RequestError if bad."""
     if isinstance(params, list):
         if len(params) != n:
             raise RequestError("sampling_params must have one entry per prompt")
@@ -129,7 +132,8 @@ def _last(q: queue.Queue[GenOutput]) -> GenOutput:
     return out
 
 
-def _result(out: GenOutput) -> dict[str, Any]:
+def result_dict(out: GenOutput) -> dict[str, Any]:
+    """A finished request as SGLang returns it: text, output_ids, meta_info."""
     reason = out.finish_reason or {}
     if reason.get("type") == "abort" and reason.get("status_code") == 500:
         raise EngineDeadError(reason.get("message", "engine failed"))

@@ -76,9 +76,18 @@ class ServerArgs:
         "expert-sorted grouped GEMMs; CUDA).")
     random_seed: int = _f(0, "Seed for weights-independent randomness (sampling noise).")
     api_key: str | None = _f(
-        None, "If set, every route but /health* needs 'Authorization: Bearer KEY'.")
+        None, "If set, every HTTP route but /health, /health_generate and /metrics needs "
+        "'Authorization: Bearer KEY'.")
     log_level: str = _f("info", "Logging level.", choices=LOG_LEVELS)
     startup_timeout: float = _f(600.0, "Seconds to wait for the model to load before giving up.")
+    enable_metrics: bool = _f(
+        True, "Serve Prometheus metrics at /metrics (--no-enable-metrics turns it off).",
+        boolean=True)
+    max_payload_size: int = _f(
+        32 * 1024 * 1024, "Largest HTTP request body in bytes; larger ones get 413.")
+    shutdown_timeout: float = _f(
+        300.0, "On SIGTERM or SIGINT: seconds to let in-flight requests finish (new ones get "
+        "503) before aborting them; a second signal aborts them at once.")
 
     def __post_init__(self) -> None:
         _check(self.port > 0 and self.port < 65536, f"--port must be in 1..65535, got {self.port}")
@@ -94,6 +103,12 @@ class ServerArgs:
                f"--context-length must be > 0, got {self.context_length}")
         _check(self.chunked_prefill_size > 0,
                f"--chunked-prefill-size must be > 0, got {self.chunked_prefill_size}")
+        _check(self.startup_timeout > 0,
+               f"--startup-timeout must be > 0, got {self.startup_timeout}")
+        _check(self.max_payload_size > 0,
+               f"--max-payload-size must be > 0, got {self.max_payload_size}")
+        _check(self.shutdown_timeout >= 0,
+               f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         _check(0.0 < self.mem_fraction_static < 1.0,
                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         _check(self.dllm_wavefront_size >= 1,

@@ -6,6 +6,7 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -52,10 +53,18 @@ def spawn(targets: dict[str, tuple[Callable[..., None], tuple[Any, ...]]]) -> di
     ctx = mp.get_context("spawn")
     procs = {}
     for name, (fn, args) in targets.items():
-        p = ctx.Process(target=fn, args=args, name=f"dllm-serve-{name}", daemon=True)
+        p = ctx.Process(target=_child_main, args=(fn, args), name=f"dllm-serve-{name}",
+                        daemon=True)
         p.start()
         procs[name] = p
     return procs
+
+
+def _child_main(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """A child ignores SIGINT: Ctrl-C in a terminal reaches the whole process group, and it is
+    the parent that decides how to stop (drain, then shut the children down)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fn(*args)
 
 
 def die_with_parent(poll_s: float = 0.5) -> None:

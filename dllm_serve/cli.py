@@ -1,0 +1,98 @@
+"""`dllm-serve`: parse the flags (generated from `ServerArgs`), check them, start the server.
+
+A bad flag value ends the program with exit code 2 and one line on stderr, whether argparse
+or a check rejects it. Importing this module stays cheap (no torch), so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import NoReturn
+
+from dllm_serve.server_args import ServerArgs
+
+PROG = "dllm-serve"
+DESCRIPTION = (
+    "Serve a block-diffusion language model (LLaDA2.x) over an OpenAI-compatible HTTP API. "
+    "Without --model-path it serves a small built-in model. Requests are decoded greedily "
+    "(temperature 0) unless they ask for a temperature.")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are a single line (no usage block), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    """Print `dllm-serve: error: <message>` as one line on stderr and exit 2."""
+    sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
+    sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=PROG, description=DESCRIPTION)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    """Flags -> checked ServerArgs; exits 2 with one line on any bad value."""
+    ns = build_parser().parse_args(argv)
+    try:
+        args = ServerArgs.from_cli_args(ns)
+        preflight(args)
+    except ValueError as e:
+        fail(str(e))
+    return args
+
+
+def preflight(args: ServerArgs) -> None:
+    """Checks that need the package's heavier modules: the algorithm, its YAML, the model folder.
+
+    Raises ValueError with a user-facing message, so a typo fails before anything loads.
+    """
+    from dllm_serve.dllm.algorithms import algorithm_class
+    from dllm_serve.dllm.config import ENGINE_KEYS, load_algorithm_yaml
+    from dllm_serve.model.config import ModelConfig
+
+    algorithm = algorithm_class(args.dllm_algorithm)
+    settings = load_algorithm_yaml(args.dllm_algorithm_config)
+    try:
+        algorithm.parse_config({k: v for k, v in settings.items() if k not in ENGINE_KEYS})
+    except TypeError as e:
+        raise ValueError(f"--dllm-algorithm-config: {e}") from None
+    if args.model_path is not None:
+        try:
+            ModelConfig.load(args.model_path)
+        except FileNotFoundError as e:
+            raise ValueError(f"--model-path: {e}") from None
+
+
+def flags_markdown() -> str:
+    """README's flag table (flag, default, meaning), generated from ServerArgs."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        if f.metadata.get("boolean"):
+            flag += " / --no-" + f.name.replace("_", "-")
+        rows.append(f"| `{flag}` | `{_shown(f.default)}` | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from dllm_serve.http.server import run_server
+
+    return run_server(args)

@@ -1,0 +1,80 @@
+"""`ServerContext`: what every route needs (args, model name, front, metrics, lifecycle)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dllm_serve.errors import EngineDeadError
+from dllm_serve.http.errors import APIError, unavailable
+from dllm_serve.http.lifecycle import NOT_READY_MESSAGES, Lifecycle
+from dllm_serve.http.metrics import ServerMetrics
+from dllm_serve.managers.tokenizer_manager import TokenizerManager
+from dllm_serve.model.config import ModelConfig
+from dllm_serve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ALIAS = "default"  # SGLang's default `model`; always accepted
+INFO_TIMEOUT_S = 10.0
+
+
+@dataclass
+class ServerContext:
+    args: ServerArgs  # model_path resolved (never None)
+    model_name: str
+    context_length: int
+    life: Lifecycle
+    metrics: ServerMetrics | None = None
+    front: TokenizerManager | None = None
+
+    @staticmethod
+    def create(args: ServerArgs) -> ServerContext:
+        assert args.model_path is not None
+        name = args.served_model_name or Path(args.model_path).name
+        length = ModelConfig.load(args.model_path).context_length(args.context_length)
+        ctx = ServerContext(args, name, length, Lifecycle(args.shutdown_timeout))
+        if args.enable_metrics:
+            ctx.metrics = ServerMetrics(name, ctx.scheduler_info_or_none)
+        return ctx
+
+    def require_front(self) -> TokenizerManager:
+        if self.front is None:
+            raise unavailable(NOT_READY_MESSAGES[self.life.phase])
+        return self.front
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless `model` is absent, "default" or the served name."""
+        if model not in (None, DEFAULT_MODEL_ALIAS, self.model_name):
+            raise APIError(404, f"The model '{model}' does not exist; this server serves "
+                           f"'{self.model_name}'.", param="model", code="model_not_found")
+
+    def scheduler_info(self) -> dict[str, Any]:
+        """The front's server_info (scheduler state, kv_pool, req_pool); blocking."""
+        try:
+            return self.require_front().server_info(timeout=INFO_TIMEOUT_S)
+        except EngineDeadError as e:
+            raise APIError(500, f"The engine is dead: {e}") from None
+        except queue.Empty:
+            raise unavailable("The scheduler did not answer in time.") from None
+
+    def scheduler_info_or_none(self) -> dict[str, Any] | None:
+        try:
+            return self.scheduler_info()
+        except APIError as e:
+            logger.debug("no scheduler metrics: %s", e.message)
+            return None
+
+    def server_info(self) -> dict[str, Any]:
+        """GET /get_server_info: the server args (API key hidden) and the scheduler's state."""
+        from dllm_serve import __version__
+
+        args = dict(self.args.__dict__)
+        if args.get("api_key") is not None:
+            args["api_key"] = "<hidden>"
+        return {**args, "served_model_name": self.model_name,
+                "context_length": self.context_length, "version": __version__,
+                **self.scheduler_info()}

@@ -1,0 +1,78 @@
+"""SGLang's native API: POST /generate and POST /abort_request.
+
+/generate takes `text` or `input_ids` (one prompt or a batch), `sampling_params` (SGLang's
+names, e.g. max_new_tokens, plus dllm_* settings; one dict or one per prompt), `stream` and
+`rid`. It answers `{"text", "output_ids", "meta_info"}` (a list for a batch). A stream (one
+prompt only) sends one event per committed block whose `text` and `output_ids` are cumulative,
+as SGLang's HTTP stream is by default, and ends with `[DONE]`. An aborted request answers 200
+with `finish_reason.type == "abort"`; a request the scheduler rejected answers its status.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dllm_serve.engine import normalize_prompts, per_prompt_params, result_dict
+from dllm_serve.errors import RequestError
+from dllm_serve.http.bridge import Choice, Generation, until_disconnected
+from dllm_serve.http.context import ServerContext
+from dllm_serve.http.errors import raise_if_failed
+from dllm_serve.http.protocol import AbortRequest, GenerateRequest, parse_body
+from dllm_serve.http.sse import sse_response
+
+
+async def generate(ctx: ServerContext, request: Request, body: bytes) -> Response:
+    req = parse_body(GenerateRequest, body)
+    front = ctx.require_front()
+    batch, prompts = normalize_prompts(req.text, req.input_ids)
+    if not prompts:
+        raise RequestError("Give at least one prompt.", param="text")
+    if req.stream and batch:
+        raise RequestError("stream=true takes a single prompt", param="stream")
+    ids = [p if isinstance(p, list) else front.tokenize(p) for p in prompts]
+    params = per_prompt_params(req.sampling_params, len(ids))
+    choices = [Choice(i, p, r) for i, p, r in zip(ids, params, _rids(req.rid, len(ids)),
+                                                  strict=True)]
+    observer = ctx.metrics.observer() if ctx.metrics is not None else None
+    gen = Generation(front, choices, observer)
+    if req.stream:
+        return await sse_response(request, _chunks(gen))
+    finals = await until_disconnected(request, gen.finals())
+    results = [result_dict(out) for out in finals]
+    return JSONResponse(results if batch else results[0])
+
+
+def _rids(rid: str | list[str] | None, n: int) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(n)]
+    rids = [rid] if isinstance(rid, str) else rid
+    if len(rids) != n:
+        raise RequestError("rid must have one entry per prompt", param="rid")
+    return rids
+
+
+async def _chunks(gen: Generation) -> AsyncIterator[dict[str, Any]]:
+    try:
+        async for update in gen.updates():
+            out = update.out
+            if out.finished:
+                raise_if_failed(out.finish_reason)
+                yield result_dict(out)
+            elif out.delta:
+                yield {"text": out.text, "output_ids": out.output_ids, "meta_info": out.meta}
+    finally:
+        gen.close()  # closed early (client gone, error): abort what is still running
+
+
+async def abort_request(ctx: ServerContext, body: bytes) -> Response:
+    """Abort one request by rid, or all; 200 either way (an unknown rid is a no-op)."""
+    req = parse_body(AbortRequest, body)
+    if req.rid is None and not req.abort_all:
+        raise RequestError("Give rid or abort_all=true.", param="rid")
+    ctx.require_front().abort(req.rid, req.abort_all)
+    return JSONResponse({"success": True})

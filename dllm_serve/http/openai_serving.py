@@ -1,0 +1,173 @@
+"""/v1/completions and /v1/chat/completions over the front.
+
+Each prompt is submitted n times (choice index = prompt index * n + copy; with a seed, copy i
+uses seed + i). Usage counts prompt tokens once per prompt and completion tokens over every
+choice. A stream sends one chunk per committed block and choice (empty blocks, whose text is
+held back for a possible stop string or an unfinished UTF-8 character, are skipped), exactly
+one finish_reason per choice, the same id/created on every chunk, the role on a chat choice's
+first chunk, and a last `choices: []` usage chunk only with stream_options.include_usage.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError as JinjaError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dllm_serve.errors import RequestError
+from dllm_serve.http.bridge import Choice, Generation, Update, until_disconnected
+from dllm_serve.http.context import ServerContext
+from dllm_serve.http.errors import raise_if_failed
+from dllm_serve.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    dllm_overrides,
+    message_dicts,
+    parse_body,
+    prompt_batch,
+)
+from dllm_serve.http.sse import sse_response
+from dllm_serve.managers.tokenizer_manager import GenOutput
+from dllm_serve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Head:
+    """What every response or chunk of one request repeats."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    chat: bool
+
+    def wrap(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "choices": choices, **extra}
+
+
+async def create_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
+    req = parse_body(CompletionRequest, body)
+    ctx.check_model(req.model)
+    front = ctx.require_front()
+    prompts = [p if isinstance(p, list) else front.tokenize(p) for p in prompt_batch(req.prompt)]
+    return await _serve(ctx, request, req, prompts, req.max_tokens, chat=False)
+
+
+async def create_chat_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
+    req = parse_body(ChatCompletionRequest, body)
+    ctx.check_model(req.model)
+    front = ctx.require_front()
+    try:
+        text = front.tokenizer.apply_chat_template(message_dicts(req.messages))
+    except (ValueError, JinjaError) as e:
+        raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    return await _serve(ctx, request, req, [front.tokenize(text)], max_tokens, chat=True)
+
+
+async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
+                 prompts: list[list[int]], max_tokens: int | None, chat: bool) -> Response:
+    if req.stream_options is not None and not req.stream:
+        raise RequestError("stream_options is only allowed with stream=true",
+                           param="stream_options")
+    overrides = dllm_overrides(req)
+    prefix = "chatcmpl" if chat else "cmpl"
+    head = Head(f"{prefix}-{uuid.uuid4().hex}", "chat.completion" if chat else "text_completion",
+                int(time.time()), ctx.model_name, chat)
+    choices = [Choice(ids, _params(req, max_tokens, len(ids), ctx.context_length, overrides, i),
+                      f"{head.id}-{p * req.n + i}")
+               for p, ids in enumerate(prompts) for i in range(req.n)]
+    observer = ctx.metrics.observer() if ctx.metrics is not None else None
+    gen = Generation(ctx.require_front(), choices, observer)
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    if req.stream:
+        usage = req.stream_options is not None and req.stream_options.include_usage
+        return await sse_response(request, _chunks(gen, head, prompt_tokens, usage))
+    return JSONResponse(await until_disconnected(request, _collect(gen, head, prompt_tokens)))
+
+
+def _params(req: SamplingFields, max_tokens: int | None, prompt_len: int, context_length: int,
+            overrides: dict[str, Any], copy: int) -> SamplingParams:
+    """OpenAI fields -> SamplingParams; no max_tokens means as many as the context allows."""
+    fields = {
+        "max_new_tokens": max_tokens if max_tokens is not None
+        else max(1, context_length - prompt_len),
+        "temperature": 0.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "stop": req.stop or [], "stop_token_ids": req.stop_token_ids or [],
+        "ignore_eos": req.ignore_eos,
+        "seed": None if req.seed is None else (req.seed + copy) % 2**63,
+    }
+    try:
+        return SamplingParams.from_dict({**fields, **overrides})
+    except (TypeError, ValueError) as e:
+        raise RequestError(str(e)) from None
+
+
+async def _collect(gen: Generation, head: Head, prompt_tokens: int) -> dict[str, Any]:
+    finals = await gen.finals()
+    choices = [_choice(head, i, out) for i, out in enumerate(finals)]
+    completion = sum(out.meta["completion_tokens"] for out in finals)
+    return head.wrap(choices, usage=usage(prompt_tokens, completion))
+
+
+async def _chunks(gen: Generation, head: Head, prompt_tokens: int,
+                  include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    chunk_head = Head(head.id, f"{head.object}.chunk" if head.chat else head.object,
+                      head.created, head.model, head.chat)
+    extra = {"usage": None} if include_usage else {}
+    started: set[int] = set()
+    completion = 0
+    try:
+        async for update in gen.updates():
+            out = update.out
+            if out.finished:
+                raise_if_failed(out.finish_reason)
+                completion += out.meta["completion_tokens"]
+            elif not out.delta:
+                continue
+            first = update.index not in started
+            started.add(update.index)
+            yield chunk_head.wrap([_delta(chunk_head, update, first)], **extra)
+    finally:
+        gen.close()  # closed early (client gone, error): abort what is still running
+    if include_usage:
+        yield chunk_head.wrap([], usage=usage(prompt_tokens, completion))
+
+
+def _choice(head: Head, index: int, out: GenOutput) -> dict[str, Any]:
+    reason = out.finish_reason or {}
+    body: dict[str, Any] = ({"message": {"role": "assistant", "content": out.text}}
+                            if head.chat else {"text": out.text})
+    return {"index": index, **body, "logprobs": None, "finish_reason": finish_reason(reason),
+            "matched_stop": reason.get("matched")}
+
+
+def _delta(head: Head, update: Update, first: bool) -> dict[str, Any]:
+    out = update.out
+    reason = finish_reason(out.finish_reason) if out.finished else None
+    if not head.chat:
+        return {"index": update.index, "text": out.delta, "logprobs": None,
+                "finish_reason": reason}
+    delta: dict[str, Any] = {"role": "assistant"} if first else {}
+    if out.delta or first:
+        delta["content"] = out.delta
+    return {"index": update.index, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+
+def finish_reason(reason: dict[str, Any] | None) -> str | None:
+    """The engine's finish reason -> OpenAI's: stop, length, or abort (SGLang/vLLM's extra)."""
+    return None if reason is None else str(reason.get("type"))
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,150 @@
+"""Every bad request gets its status code and OpenAI's error JSON; the server stays healthy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from http_helpers import Server, pools_whole, shared_server
+
+CMPL = "/v1/completions"
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Server:
+    return shared_server(tiny_model_dir)
+
+
+@pytest.fixture(autouse=True)
+def still_healthy(server: Server):
+    yield
+    assert server.get("/health").status_code == 200
+
+
+def assert_error(r: httpx.Response, status: int, *words: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    for word in words:
+        assert word in err["message"], err["message"]
+    return err
+
+
+@pytest.mark.parametrize("path,body,words", [
+    (CMPL, {"prompt": ""}, ["empty"]),
+    (CMPL, {"prompt": []}, ["empty"]),
+    (CMPL, {"prompt": [[]]}, ["empty"]),
+    (CMPL, {"prompt": [1, 10**6]}, ["out of vocabulary"]),
+    (CMPL, {"prompt": [-1]}, ["out of vocabulary"]),
+    (CMPL, {"prompt": [5] * 5000}, ["longer than the model's context length"]),
+    (CMPL, {"prompt": [5] * 4000, "max_tokens": 100}, ["Requested token count exceeds"]),
+    (CHAT, {"messages": [{"role": "user", "content": "word " * 5000}]}, ["context length"]),
+    (CMPL, {"prompt": "x", "max_tokens": "abc"}, ["max_tokens"]),
+    (CMPL, {"prompt": "x", "max_tokens": 0}, ["max_tokens"]),
+    (CMPL, {"prompt": "x", "temperature": "hot"}, ["temperature"]),
+    (CMPL, {"prompt": "x", "temperature": -1}, ["temperature"]),
+    (CMPL, {"prompt": "x", "top_p": 0}, ["top_p"]),
+    (CMPL, {"prompt": "x", "n": "2"}, ["n"]),
+    (CMPL, {"prompt": "x", "n": 0}, ["n"]),
+    (CMPL, {"prompt": "x", "stream": "yes"}, ["stream"]),
+    (CMPL, {"prompt": 5}, ["prompt"]),
+    (CMPL, {"prompt": [1, "a"]}, ["prompt"]),
+    (CMPL, {"max_tokens": 4}, ["prompt"]),
+    (CMPL, {"prompt": "x", "stop": [""]}, ["stop"]),
+    (CMPL, {"prompt": "x", "seed": -3}, ["seed"]),
+    (CMPL, {"prompt": "x", "stream_options": {"include_usage": True}}, ["stream_options"]),
+    (CHAT, {"messages": []}, ["messages"]),
+    (CHAT, {"messages": "hello"}, ["messages"]),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, ["chat template"]),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, ["image_url"]),
+    (CMPL, {"prompt": "x", "dllm_threshold": "high"}, ["dllm_threshold"]),
+    (CMPL, {"prompt": "x", "dllm_edit_threshold": 0.1}, ["dllm_edit_threshold"]),
+])
+def test_invalid_input_is_400(server: Server, path: str, body: dict, words: list[str]) -> None:
+    assert_error(server.post(path, {"model": "tiny", **body}), 400, *words)
+    if path == CMPL and not {"stream", "stream_options"} & set(body):  # before a stream, too
+        r = server.post(path, {"model": "tiny", **body, "stream": True})
+        assert r.headers["content-type"].startswith("application/json")
+        assert_error(r, 400, *words)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("logprobs", 2), ("echo", True), ("suffix", "end"), ("logit_bias", {"5": 1.0}),
+    ("best_of", 3), ("frequency_penalty", 0.5), ("presence_penalty", -1),
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+    ("top_k", 5), ("not_a_field", 1),
+])
+def test_unsupported_fields_are_named(server: Server, field: str, value: Any) -> None:
+    path = CHAT if field in ("tools", "response_format") else CMPL
+    body = {"messages": USER} if path == CHAT else {"prompt": "x"}
+    err = assert_error(server.post(path, {**body, field: value, "max_tokens": 2}), 400, field)
+    assert "Unsupported" in err["message"] and err["param"] == field
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(server: Server) -> None:
+    body = {"prompt": "x", "max_tokens": 2, "echo": False, "logprobs": None,
+            "frequency_penalty": 0, "presence_penalty": 0.0, "best_of": 1, "user": "me"}
+    assert server.post(CMPL, body).status_code == 200
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"42", b"null", b'"text"', b""])
+def test_malformed_or_non_object_body_is_400(server: Server, raw: bytes) -> None:
+    for path in (CMPL, CHAT, "/generate"):
+        r = httpx.post(server.url(path), content=raw, timeout=30,
+                       headers={"content-type": "application/json"})
+        assert_error(r, 400)
+
+
+def test_wrong_content_type_is_400(server: Server) -> None:
+    r = httpx.post(server.url(CMPL), content=json.dumps({"prompt": "x"}), timeout=30,
+                   headers={"content-type": "text/plain"})
+    assert_error(r, 400, "Content-Type")
+
+
+def test_payload_too_large_is_413(server: Server) -> None:
+    assert_error(server.post(CMPL, {"prompt": "x" * 70000}), 413, "Payload Too Large")
+
+
+def test_unknown_model_is_404(server: Server) -> None:
+    for path, body in ((CMPL, {"prompt": "x"}), (CHAT, {"messages": USER})):
+        err = assert_error(server.post(path, {**body, "model": "gpt-9"}), 404, "gpt-9")
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert_error(server.get("/v1/models/gpt-9"), 404)
+
+
+def test_unknown_route_and_method(server: Server) -> None:
+    assert_error(server.get("/v1/nothing"), 404)
+    assert_error(server.get(CMPL), 405)
+
+
+def test_native_errors(server: Server) -> None:
+    assert_error(server.post("/generate", {"text": "a", "input_ids": [1]}), 400, "exactly one")
+    assert_error(server.post("/generate", {"text": ["a", "b"], "stream": True}), 400, "single")
+    assert_error(server.post("/generate", {"text": "a", "sampling_params": {"max_tokens": 3}}),
+                 400, "max_tokens")
+    assert_error(server.post("/generate", {"text": "a", "return_logprob": True}), 400,
+                 "return_logprob")
+    assert_error(server.post("/generate", {"text": "a", "rid": ["x", "y"]}), 400, "rid")
+    assert_error(server.post("/abort_request", {}), 400, "rid")
+
+
+def test_openai_client_raises_bad_request(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key="EMPTY", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="longer than the model's context length"):
+        client.completions.create(model="tiny", prompt=[5] * 5000)
+    with pytest.raises(openai.BadRequestError, match="Requested token count exceeds"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=5000)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=USER)  # type: ignore[arg-type]
+
+
+def test_server_still_serves_after_bad_requests(server: Server) -> None:
+    r = server.post(CMPL, {"prompt": "x", "max_tokens": 3, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    pools_whole(server)

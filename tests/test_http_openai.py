@@ -1,0 +1,154 @@
+"""The OpenAI API through the official `openai` client, against the real server (tiny model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+from http_helpers import Server, pools_whole, shared_server
+
+from dllm_serve.tokenizer import Tokenizer
+
+LONG = {"ignore_eos": True}  # the random tiny model may emit EOS at any time
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Server:
+    return shared_server(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url("/v1"), api_key="EMPTY", max_retries=0,
+                         timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> Tokenizer:
+    return Tokenizer.load(tiny_model_dir)
+
+
+def chat_prompt_len(tok: Tokenizer, messages: list[dict[str, str]]) -> int:
+    return len(tok.encode(tok.apply_chat_template(messages)))
+
+
+def test_completion_usage_and_shape(client: openai.OpenAI, tok: Tokenizer) -> None:
+    r = client.completions.create(model="tiny", prompt="Hello there", max_tokens=40,
+                                  extra_body=LONG)
+    assert r.id.startswith("cmpl-") and isinstance(r.created, int) and r.model == "tiny"
+    assert r.object == "text_completion" and len(r.choices) == 1
+    assert r.choices[0].finish_reason == "length" and r.choices[0].text
+    assert r.usage.prompt_tokens == len(tok.encode("Hello there"))
+    assert r.usage.completion_tokens == 40
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 40
+
+
+def test_batch_prompts_and_n_count_usage_exactly(client: openai.OpenAI, tok: Tokenizer) -> None:
+    prompts = ["The capital of France is", "2 + 2 ="]
+    r = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=12,
+                                  extra_body=LONG)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.choices[0].text == r.choices[1].text  # temperature 0: copies agree
+    assert r.usage.prompt_tokens == sum(len(tok.encode(p)) for p in prompts)  # once per prompt
+    assert r.usage.completion_tokens == 4 * 12
+    ids = client.completions.create(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=3,
+                                    extra_body=LONG)
+    assert ids.usage.prompt_tokens == 5 and len(ids.choices) == 2
+    one = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3,
+                                    extra_body=LONG)
+    assert one.usage.prompt_tokens == 3 and one.choices[0].text == ids.choices[0].text
+
+
+def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    args = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 70, "extra_body": LONG}
+    full = client.completions.create(**args)
+    chunks = list(client.completions.create(stream=True, **args))
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert sum(c.choices[0].finish_reason is not None for c in chunks) == 1
+    assert len(chunks) <= 3  # one chunk per committed block: 70 tokens = 3 blocks of 32
+    assert all(c.usage is None for c in chunks)
+
+
+def test_stream_n2_include_usage(client: openai.OpenAI, tok: Tokenizer) -> None:
+    chunks = list(client.completions.create(
+        model="tiny", prompt="abc", max_tokens=40, n=2, stream=True,
+        stream_options={"include_usage": True}, extra_body=LONG))
+    *body, last = chunks
+    assert last.choices == [] and last.usage.prompt_tokens == len(tok.encode("abc"))
+    assert last.usage.completion_tokens == 80
+    for index in (0, 1):
+        mine = [c.choices[0] for c in body if c.choices[0].index == index]
+        assert sum(c.finish_reason is not None for c in mine) == 1
+        assert mine[-1].finish_reason == "length"
+
+
+def test_chat_non_stream_and_stream_agree(client: openai.OpenAI, tok: Tokenizer) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=50,
+                                       extra_body=LONG)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == chat_prompt_len(tok, messages)
+    assert r.usage.completion_tokens == 50
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=50,
+                                                 stream=True, n=2, extra_body=LONG))
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert mine[0].delta.role == "assistant"
+        assert sum(c.finish_reason is not None for c in mine) == 1
+        assert "".join(c.delta.content or "" for c in mine) == r.choices[0].message.content
+
+
+def test_max_completion_tokens_and_text_parts(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="default", max_completion_tokens=5, extra_body=LONG,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
+    assert r.usage.completion_tokens == 5 and r.model == "tiny"
+
+
+def test_stop_strings_truncate_in_stream_and_not(client: openai.OpenAI) -> None:
+    args = {"model": "tiny", "prompt": "Tell me a story", "max_tokens": 64, "extra_body": LONG}
+    text = client.completions.create(**args).choices[0].text
+    start = next(i for i in range(5, len(text) - 3) if "\ufffd" not in text[i:i + 3])
+    stop = text[start:start + 3]
+    cut = text[:text.find(stop)]
+    r = client.completions.create(stop=[stop, "never-there"], **args)
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(stop=stop, stream=True, **args))
+    assert "".join(c.choices[0].text for c in chunks) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling(client: openai.OpenAI) -> None:
+    args = {"model": "tiny", "prompt": "x", "max_tokens": 20, "temperature": 1.0, "seed": 7,
+            "extra_body": LONG}
+    a, b = client.completions.create(**args), client.completions.create(**args)
+    assert a.choices[0].text == b.choices[0].text
+    two = client.completions.create(n=2, **args)
+    assert two.choices[0].text == a.choices[0].text != two.choices[1].text
+
+
+def test_dllm_override_is_applied_and_checked(client: openai.OpenAI) -> None:
+    r = client.completions.create(model="tiny", prompt="x", max_tokens=8,
+                                  extra_body={"dllm_threshold": 0.5, **LONG})
+    assert r.usage.completion_tokens == 8
+    with pytest.raises(openai.BadRequestError, match="dllm_edit_threshold"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=8,
+                                  extra_body={"dllm_edit_threshold": 0.5})
+
+
+def test_models(client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"]
+    assert models[0].max_model_len == 4096  # type: ignore[attr-defined]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("not-a-model")
+
+
+def test_pools_whole_after_everything(server: Server) -> None:
+    pools_whole(server)
