@@ -7,6 +7,7 @@ own flags or kill it (each start costs seconds on a small CPU machine); it stops
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import shutil
 import signal
@@ -85,10 +86,17 @@ def start_server(model_dir: Path | None, *flags: str, env: dict[str, str] | None
     log = Path(tempfile.mkstemp(prefix="server-", suffix=".log", dir=_log_dir())[1])
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-                            start_new_session=new_session)
+                            start_new_session=new_session, preexec_fn=_stop_with_tests)
     server = Server(proc, f"http://127.0.0.1:{port}", log)
     _wait_healthy(server, timeout)
     return server
+
+
+def _stop_with_tests() -> None:
+    """In the server, before exec: SIGTERM it if the test process dies without cleaning up
+    (Linux's PR_SET_PDEATHSIG), so a killed test run leaves no server behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _wait_healthy(server: Server, timeout: float) -> None:
