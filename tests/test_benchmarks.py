@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from benchmarks import gsm8k, offline_throughput, plot, remote, serving
-from benchmarks.common import DATA_DIR, read_jsonl
+from benchmarks.common import DATA_DIR, MODES, read_jsonl
 from benchmarks.gsm8k_protocol import (
     STOP,
     build_prompts,
@@ -146,15 +146,13 @@ def offline_json(tiny_model_dir: Path, out_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server_url(tiny_model_dir: Path):
-    from fake_openai_server import serve
+def server_url(tiny_model_dir: Path) -> str:
+    """The session's real `python -m dllm_serve` (tests/http_helpers.py), idle."""
+    from http_helpers import pools_whole, shared_server
 
-    from dllm_serve import Engine
-
-    with Engine(model_path=str(tiny_model_dir), device="cpu", max_running_requests=4,
-                dllm_fdfo=True, dllm_wavefront_size=1, log_level="warning") as engine, \
-            serve(engine) as url:
-        yield url
+    server = shared_server(tiny_model_dir)
+    pools_whole(server)
+    return server.base
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +212,8 @@ def test_serving_random_poisson(serving_json: Path) -> None:
     details = result["details"]
     assert all(d["output_tokens"] == d["max_tokens"] for d in details)
     assert r["total_output_tokens"] == sum(d["max_tokens"] for d in details)
-    assert result["config"]["server_mode"] == "fdfo" and r["tokens_per_forward"] > 0
+    assert result["config"]["server_mode"] in MODES and r["tokens_per_forward"] > 0
+    assert r["chunk_tokens_source"] == ["re-tokenised text"]  # tokenizer found via server info
 
 
 def test_serving_gsm8k_prompts_inf_rate(server_url: str, out_dir: Path) -> None:
