@@ -120,10 +120,9 @@ def test_bf16_storage() -> None:
 
 
 def test_choose_num_splits() -> None:
-    assert choose_num_splits(num_tiles=1, kv_heads=4, max_keys=4096, sms=132) == 32
-    assert choose_num_splits(num_tiles=16, kv_heads=4, max_keys=4096, sms=132) == 4
-    assert choose_num_splits(num_tiles=64, kv_heads=4, max_keys=4096, sms=132) == 1
-    assert choose_num_splits(num_tiles=1, kv_heads=4, max_keys=32, sms=132) == 1
+    assert choose_num_splits(num_tiles=1, kv_heads=4, sms=132) == 32
+    assert choose_num_splits(num_tiles=16, kv_heads=4, sms=132) == 4
+    assert choose_num_splits(num_tiles=64, kv_heads=4, sms=132) == 1
 
 
 MINI = Shape(heads=16, kv_heads=4, head_dim=128, block=32, page=32)

@@ -2,10 +2,15 @@
 
 - block_attention / triton_attention: block-diffusion paged attention (`--attention-backend
   triton`); oracle `layers.attention.TorchAttention`.
-- moe_route, moe_align, fused_moe: device routing, expert-sorted blocks and grouped GEMMs
-  (`--moe-backend triton`); oracles `layers.moe.route` and `moe_reference`.
+- moe_route, moe_sort, fused_moe: device routing, expert-sorted blocks and grouped GEMMs
+  (`--moe-backend triton`); oracles `layers.moe.route`, `moe_align.align_by_expert` and
+  `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
+- norm, rope, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial RoPE, and
+  the K/V store into the paged cache (`layers.fused.set_kernel_backend(model, "triton")`, and
+  the Triton attention's store); oracles `layers.norm`, `LLaDA2Attention.norm_rope`,
+  `AttentionBackend.store`.
 
 Importing this package registers the "triton" backends. Kernels run compiled on CUDA, or in
 Triton's interpreter on the CPU when TRITON_INTERPRET=1 was set before this import.
@@ -15,5 +20,7 @@ from __future__ import annotations
 
 from dllm_serve.kernels import (
     fused_moe,  # noqa: F401 (registers "triton" MoE)
+    norm,  # noqa: F401 (registers the "triton" norm kernels)
+    rope,  # noqa: F401 (registers the "triton" q/k norm + RoPE kernel)
     triton_attention,  # noqa: F401 (registers "triton" attention)
 )

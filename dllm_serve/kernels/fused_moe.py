@@ -1,7 +1,8 @@
 """Fused routed experts (`--moe-backend triton`): device routing, then two grouped GEMMs.
 
 1. `fused_route` picks experts and weights (kernels/moe_route.py);
-2. `align_by_expert` sorts the T*K assignments by expert into padded blocks (moe_align.py);
+2. `sort_by_expert` sorts the T*K assignments by expert into padded blocks (moe_sort.py; its
+   oracle `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
    assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I);
 4. `_down_kernel`: per (block, N tile) y = (h @ down^T) * routing weight -> (A, hidden) fp32;
@@ -20,6 +21,8 @@ import triton.language as tl
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
+from dllm_serve.kernels.moe_sort import sort_by_expert
+from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.runtime import check_device, interpreted
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route
@@ -47,7 +50,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     if t == 0:
         return x.new_zeros(0, hidden)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    blocks = align_by_expert(topk_ids, e, choose_block_m(t * k, e))
+    align = sort_by_expert if sort_supports(e) else align_by_expert
+    blocks = align(topk_ids, e, choose_block_m(t * k, e))
     h = x.new_empty(t * k, inter)  # (A, I)
     y = torch.empty(t * k, hidden, dtype=torch.float32, device=x.device)  # (A, hidden)
     common = dict(BLOCK_M=blocks.block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import torch
 
-CPU_NUM_SMS = 8  # a stand-in SM count under the interpreter (only shapes the launch grid)
+CPU_NUM_SMS = 2  # a stand-in SM count under the interpreter (only shapes the launch grid)
 
 
 def interpreted() -> bool:

@@ -3,12 +3,25 @@
 With `rotary_dim < head_dim` only the first `rotary_dim` dims of each head rotate; the rest pass
 through unchanged ("partial rotary", LLaDA2 uses 64 of 128). Frequencies are those of the
 transformers "default" rope: inv_freq[i] = 1 / theta^(2i / rotary_dim).
+`QK_ROPE_KERNELS` holds fused per-head RMSNorm + RoPE kernels for q and k ("triton":
+dllm_serve.kernels.rope), used by attention modules whose `kernel_backend` names one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+from dllm_serve.utils.registry import Registry
+
+# (q (T, H, D), k (T, KVH, D), q_norm weight (D,) | None, k_norm weight | None, eps,
+#  cos (T, R), sin (T, R)) -> (q, k) normed (when weights are given) then rotated; the kernel
+# may write into q and k in place.
+QkRopeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                         float, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+QK_ROPE_KERNELS: Registry[QkRopeKernel] = Registry("q/k norm + RoPE kernel backend")
 
 
 class RotaryEmbedding(nn.Module):

@@ -17,6 +17,7 @@ from torch import nn
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.layers.attention import ATTENTION_BACKENDS
+from dllm_serve.layers.fused import set_kernel_backend
 from dllm_serve.layers.moe import set_moe_backend
 from dllm_serve.managers.messages import PrefillWork
 from dllm_serve.mem.kv_cache import KVCache
@@ -49,6 +50,7 @@ class ModelRunner:
         self.model = model if model is not None else load_model(model_config, self.dtype,
                                                                 self.device)
         set_moe_backend(self.model, args.moe_backend)
+        set_kernel_backend(self.model, "triton" if args.attention_backend == "triton" else "torch")
         layers, heads, kv_heads, head_dim = self.model.kv_spec()
         self.page_size = args.page_size or dllm.block_size
         context = model_config.context_length(args.context_length)

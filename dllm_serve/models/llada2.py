@@ -18,7 +18,7 @@ from torch import nn
 from dllm_serve.layers.mlp import SwiGLUMLP
 from dllm_serve.layers.moe import Experts, Router
 from dllm_serve.layers.norm import RMSNorm
-from dllm_serve.layers.rotary import RotaryEmbedding, apply_rotary
+from dllm_serve.layers.rotary import QK_ROPE_KERNELS, RotaryEmbedding, apply_rotary
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.models.llada2_config import LLaDA2Config
 from dllm_serve.models.registry import MODELS
@@ -39,6 +39,8 @@ ALWAYS_FP32 = ("mlp.gate.expert_bias",)
 
 
 class LLaDA2Attention(nn.Module):
+    kernel_backend = "torch"  # q/k norm + RoPE: plain PyTorch or a QK_ROPE_KERNELS name
+
     def __init__(self, cfg: LLaDA2Config, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -57,11 +59,20 @@ class LLaDA2Attention(nn.Module):
         """x (T, hidden), cos/sin (T, rotary_dim) -> (T, hidden)."""
         qkv = self.query_key_value(x).view(x.shape[0], -1, self.head_dim)  # (T, H+2KVH, D)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        if self.use_qk_norm:
-            q, k = self.query_layernorm(q), self.key_layernorm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (T, H, D), (T, KVH, D)
+        q, k = self.norm_rope(q, k, cos, sin)  # (T, H, D), (T, KVH, D)
         out = fb.attn.forward(self.layer_id, q, k, v, fb)  # (T, H * D)
         return self.dense(out)
+
+    def norm_rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head RMSNorm of q and k (when the config has it), then partial RoPE."""
+        if self.kernel_backend != "torch":
+            qw, kw, eps = ((self.query_layernorm.weight, self.key_layernorm.weight,
+                            self.query_layernorm.eps) if self.use_qk_norm else (None, None, 0.0))
+            return QK_ROPE_KERNELS.get(self.kernel_backend)(q, k, qw, kw, eps, cos, sin)
+        if self.use_qk_norm:
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
 class LLaDA2SparseMoe(nn.Module):
@@ -95,8 +106,9 @@ class LLaDA2DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
         """h (T, hidden) residual stream -> (T, hidden)."""
-        h = h + self.attention(self.input_layernorm(h), cos, sin, fb)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.attention(self.input_layernorm(h), cos, sin, fb)
+        x, h = self.post_attention_layernorm(a, residual=h)  # h += a; x = norm(h)
+        return h + self.mlp(x)
 
 
 class LLaDA2Backbone(nn.Module):
@@ -140,9 +152,12 @@ class LLaDA2MoeModelLM(nn.Module):
         """Hidden states (T, hidden) after the final norm; `fb.attn.prepare(fb)` ran before."""
         return self.model(fb)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (N, hidden) -> logits (N, vocab) in fp32; row j scores the token at row j."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+        """hidden (N, hidden) -> logits (N, vocab) in fp32; row j scores the token at row j.
+        `out` (N, vocab) fp32: write them there (a CUDA graph's static output)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if out is None else out.copy_(logits)
 
     def kv_spec(self) -> tuple[int, int, int, int]:
         """(num_layers, num_heads, num_kv_heads, head_dim) for sizing the KV cache."""

@@ -1,0 +1,67 @@
+"""Fused RMSNorm and residual add + RMSNorm (NORM_KERNELS "triton"); oracle `layers.norm`.
+
+One pass per row: the residual add (rounded to the input dtype, as torch's add is), the fp32
+mean of squares, the normalised value cast back to the input dtype, then the weight. Rows are
+contiguous in their last dim; ROWS rows per program (1 on the GPU, where a row of 2048 fills
+the program; many in the interpreter, where each program costs a Python loop).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
+from dllm_serve.layers.norm import NORM_KERNELS
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., dim) -> (R, dim) with unit stride in dim (a view when possible)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+@NORM_KERNELS.register("triton")
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x (..., dim) -> RMSNorm(x); with residual: (RMSNorm(residual + x), residual + x)."""
+    check_device(x, "fused_rms_norm")
+    shape, dim = x.shape, x.shape[-1]
+    xs = _rows(x)
+    n = xs.shape[0]
+    out = torch.empty(n, dim, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    res = _rows(residual) if residual is not None else xs
+    h = torch.empty_like(xs) if residual is not None else xs
+    if n:
+        rows = 1 if not interpreted() else min(next_pow2(n), 32)
+        block = next_pow2(dim)
+        _rms_norm_kernel[(triton.cdiv(n, rows),)](
+            xs, res, weight, out, h, n, xs.stride(0), res.stride(0), h.stride(0), eps, N=dim,
+            BLOCK_N=block, ROWS=rows, HAS_RESIDUAL=residual is not None,
+            num_warps=max(1, min(8, block // 256)))
+    if residual is None:
+        return out.view(shape)
+    return out.view(shape), h.view(shape)
+
+
+@triton.jit
+def _rms_norm_kernel(X, Res, W, Out, H, n_rows, stride_x, stride_r, stride_h, eps,
+                     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                     HAS_RESIDUAL: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
+    c = tl.arange(0, BLOCK_N)
+    mask = (r < n_rows)[:, None] & (c < N)[None, :]
+    r64 = r.to(tl.int64)
+    x = tl.load(X + r64[:, None] * stride_x + c[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(Res + r64[:, None] * stride_r + c[None, :], mask=mask, other=0.0)
+        x = (res.to(tl.float32) + x.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(H + r64[:, None] * stride_h + c[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)  # (ROWS,)
+    normed = (xf * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+    tl.store(Out + r64[:, None] * N + c[None, :], (normed * w[None, :]).to(Out.dtype.element_ty),
+             mask=mask)

@@ -1,0 +1,126 @@
+"""The fused elementwise kernels equal their plain-PyTorch oracles: RMSNorm (with and without
+the residual add), q/k RMSNorm + partial RoPE (in place, on the fused QKV buffer and on
+separate tensors), and the K/V store into a paged cache. Small shapes run in the interpreter
+on the CPU; `gpu` tests run LLaDA2.0-mini's shapes in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_serve.kernels.kv_store import store_kv
+from dllm_serve.kernels.norm import fused_rms_norm
+from dllm_serve.kernels.rope import fused_qk_norm_rope
+from dllm_serve.layers.norm import RMSNorm, rms_norm
+from dllm_serve.layers.rotary import RotaryEmbedding, apply_rotary
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def rand(*shape: int, gen: torch.Generator, dtype: torch.dtype, scale: float = 1.0
+         ) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=gen)).to(DEVICE, dtype)
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """fp32: rounding of the reduction order only; bf16: one or two bf16 ulps."""
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.float(), ref.float(), **tol)
+
+
+def check_norm(rows: int, dim: int, dtype: torch.dtype, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x, res = rand(rows, dim, gen=gen, dtype=dtype), rand(rows, dim, gen=gen, dtype=dtype)
+    w = rand(dim, gen=gen, dtype=dtype, scale=0.1) + 1
+    close(fused_rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6), dtype)
+    out, h = fused_rms_norm(x, w, 1e-6, residual=res)
+    if DEVICE.type == "cuda" or dtype == torch.float32:
+        torch.testing.assert_close(h, res + x, rtol=0, atol=0)
+    else:  # the interpreter rounds fp32 -> bf16 towards zero
+        close(h, res + x, dtype)
+    close(out, rms_norm(res + x, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("rows,dim,dtype", [(1, 64, torch.float32), (37, 48, torch.float32),
+                                            (20, 64, torch.bfloat16)])
+def test_rms_norm(rows: int, dim: int, dtype: torch.dtype) -> None:
+    check_norm(rows, dim, dtype, seed=rows)
+
+
+def test_rms_norm_module_switches_to_the_kernel() -> None:
+    norm = RMSNorm(32, 1e-5).to(DEVICE)
+    x, res = torch.randn(5, 32, device=DEVICE), torch.randn(5, 32, device=DEVICE)
+    ref, ref_h = norm(x, residual=res)
+    norm.kernel_backend = "triton"
+    out, h = norm(x, residual=res)
+    close(out, ref, torch.float32)
+    torch.testing.assert_close(h, ref_h)
+
+
+def reference_norm_rope(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor | None,
+                        kw: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    if qw is not None and kw is not None:
+        q, k = rms_norm(q, qw, 1e-6), rms_norm(k, kw, 1e-6)
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def check_qk_rope(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary: int,
+                  dtype: torch.dtype, norm: bool, fused_buffer: bool, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    qkv = rand(tokens, heads + 2 * kv_heads, head_dim, gen=gen, dtype=dtype)
+    if fused_buffer:
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    else:
+        q, k, v = (qkv[:, :heads].clone(), qkv[:, heads:heads + kv_heads].clone(),
+                   qkv[:, heads + kv_heads:])
+    qw = rand(head_dim, gen=gen, dtype=dtype, scale=0.1) + 1 if norm else None
+    kw = rand(head_dim, gen=gen, dtype=dtype, scale=0.1) + 1 if norm else None
+    positions = torch.randint(0, 4000, (tokens,), generator=gen).to(DEVICE)
+    cos, sin = RotaryEmbedding(rotary, 10000.0).to(DEVICE)(positions, dtype)
+    ref_q, ref_k = reference_norm_rope(q.clone(), k.clone(), qw, kw, cos, sin)
+    v_before = v.clone()
+    out_q, out_k = fused_qk_norm_rope(q, k, qw, kw, 1e-6, cos, sin)
+    assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()  # in place
+    close(out_q, ref_q, dtype)
+    close(out_k, ref_k, dtype)
+    torch.testing.assert_close(v, v_before, rtol=0, atol=0)  # v heads untouched
+
+
+@pytest.mark.parametrize("fused_buffer", [True, False])
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_norm_rope(fused_buffer: bool, norm: bool) -> None:
+    check_qk_rope(19, 4, 2, 16, 8, torch.float32, norm, fused_buffer, seed=int(norm))
+
+
+def test_qk_norm_rope_bf16_full_rotary() -> None:
+    check_qk_rope(9, 2, 1, 32, 32, torch.bfloat16, True, True, seed=3)
+
+
+def check_store(tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    qkv = rand(tokens, 2 + 2 * kv_heads, head_dim, gen=gen, dtype=dtype)
+    k, v = qkv[:, 2:2 + kv_heads], qkv[:, 2 + kv_heads:]  # strided views, like the model's
+    slots = 3 * tokens
+    k_cache = rand(slots, kv_heads, head_dim, gen=gen, dtype=dtype)
+    v_cache = rand(slots, kv_heads, head_dim, gen=gen, dtype=dtype)
+    loc = torch.randperm(slots, generator=gen)[:tokens].to(DEVICE)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    ref_k[loc], ref_v[loc] = k, v
+    store_kv(k, v, k_cache, v_cache, loc)
+    torch.testing.assert_close(k_cache, ref_k, rtol=0, atol=0)
+    torch.testing.assert_close(v_cache, ref_v, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tokens,kv_heads,head_dim", [(1, 1, 16), (45, 2, 16), (8, 3, 24)])
+def test_store_kv(tokens: int, kv_heads: int, head_dim: int) -> None:
+    check_store(tokens, kv_heads, head_dim, torch.float32, seed=tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 2048])
+def test_llada2_mini_shapes(tokens: int) -> None:
+    check_norm(tokens, 2048, torch.bfloat16, seed=tokens)
+    check_qk_rope(tokens, 16, 4, 128, 64, torch.bfloat16, True, True, seed=tokens)
+    check_store(tokens, 4, 128, torch.bfloat16, seed=tokens)
