@@ -49,13 +49,17 @@ def test_retire_counts_in_order_only() -> None:
 def test_spawn_mask_gate_window_room_and_lockstep() -> None:
     ready = np.array([False, True, True, False])  # frontiers: rows 1, 2, 3
     cfg = WavefrontConfig(size=2)
-    assert spawn_mask(ready, [2, 1, 1], [True, True, True], cfg).tolist() == [False, True,
-                                                                              False]
-    assert spawn_mask(ready[:3], [1, 1, 1], [True, False, True], cfg).tolist() == [
+    none = np.zeros(3, dtype=np.int64)
+    assert spawn_mask(ready, [2, 1, 1], none, [True, True, True], cfg).tolist() == [
+        False, True, False]
+    # a full window opens a block in the forward where its leftmost block retires
+    assert spawn_mask(ready, [2, 1, 1], np.array([1, 0, 0]), [True] * 3, cfg).tolist() == [
+        True, True, False]
+    assert spawn_mask(ready[:3], [1, 1, 1], none, [True, False, True], cfg).tolist() == [
         False, False, True]
     lock = WavefrontConfig(size=2, lockstep=True)
-    assert not spawn_mask(ready[:3], [1, 1, 1], [True] * 3, lock).any()
-    assert spawn_mask(np.array([True, True]), [1, 1], [True, True], lock).all()
+    assert not spawn_mask(ready[:3], [1, 1, 1], none, [True] * 3, lock).any()
+    assert spawn_mask(np.array([True, True]), [1, 1], none[:2], [True, True], lock).all()
 
 
 def make_batch(rows: list[list[int]], num_blocks: list[int], limits: list[int]) -> DenoiseBatch:
@@ -96,10 +100,11 @@ def test_round_opens_next_block_when_frontier_is_ready_and_retires_in_order() ->
 
     out = algo.run(forward, batch, None, mode)
     # forward 1: block 0 filled (confident) -> frontier ready, block 1 opens;
-    # forward 2: block 0 done on entry -> retires; block 1 filled
+    # forward 2: block 0 done on entry -> retires; block 1 filled and ready -> block 2 opens
+    # (the window counts the retiring block as gone), to run in the next round
     assert layouts == [[1], [2]]
-    assert out.retired.tolist() == [1] and out.batch.num_blocks == [2]
-    assert out.batch.block_ids.tolist() == [[1, 2], [1, 2]]
+    assert out.retired.tolist() == [1] and out.batch.num_blocks == [3]
+    assert out.batch.block_ids.tolist() == [[1, 2], [1, 2], [M, M]]
 
 
 def test_joint_threshold_reopens_later_block_when_left_block_edits() -> None:

@@ -73,12 +73,12 @@ def run_round(algo: DllmAlgorithm, forward: Forward, batch: DenoiseBatch, state:
         host = torch.stack(flags).cpu().numpy()  # the one host sync per forward
         done_steps = np.where(host[0], np.where(done_steps > 0, done_steps, batch.block_steps), 0)
         retired = retire_counts(host[0], batch.num_blocks)
-        if retired.all() or (mode.fdfo and not wf.lockstep and retired.any()):
-            return RoundOutput(batch, state, forwards, retired, done_steps)
-        if wf.size > 1:
-            spawn = spawn_mask(host[1], batch.num_blocks, batch.room(), wf)
+        if wf.size > 1:  # open blocks first: a block retiring now frees its window slot
+            spawn = spawn_mask(host[1], batch.num_blocks, retired, batch.room(), wf)
             if spawn.any():
                 batch, state, done_steps = open_blocks(algo, batch, state, done_steps, spawn)
+        if retired.all() or (mode.fdfo and not wf.lockstep and retired.any()):
+            return RoundOutput(batch, state, forwards, retired, done_steps)
     raise RuntimeError(f"{type(algo).__name__}: a leftmost block was not done after "
                        f"{algo.max_steps(batch.block_size)} steps")
 

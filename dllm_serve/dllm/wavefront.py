@@ -2,11 +2,11 @@
 
 Per request a window of at most W adjacent active blocks [L, R) is denoised together in one
 segment (block-causal: block g sees blocks L..g and the committed prefix, never a block to its
-right). After each forward the frontier block R-1 spawns an all-mask block R when its readiness
+right). After each forward the leading blocks that report done (on entry) retire, in order
+only; then the frontier block R-1 spawns an all-mask block R when its readiness
 rho = (masked positions with confidence >= tau) / (masked positions) exceeds theta (a frontier
-with no masks left is ready), R - L < W and the new block fits the request's limit. Blocks retire
-in order only: the leading blocks that report done (on entry) are committed; W = 1 is plain
-block-by-block decoding.
+with no masks left is ready), R - L < W counting the retiring blocks as gone, and the new block
+fits the request's limit. W = 1 is plain block-by-block decoding (no spawning).
 """
 
 from __future__ import annotations
@@ -68,15 +68,18 @@ def retire_counts(done: np.ndarray, num_blocks: list[int]) -> np.ndarray:
     return out
 
 
-def spawn_mask(ready: np.ndarray, num_blocks: list[int], room: list[bool],
-               cfg: WavefrontConfig) -> np.ndarray:
-    """Which requests open a new block: frontier ready, window not full, room under the limit.
+def spawn_mask(ready: np.ndarray, num_blocks: list[int], retired: np.ndarray,
+               room: list[bool], cfg: WavefrontConfig) -> np.ndarray:
+    """Which requests open a new block: frontier ready, window not full once this forward's
+    retiring blocks have left, room under the limit.
 
-    ready: (N,) per block; room[b]: the request may still place a block after its frontier.
-    Lockstep opens blocks only when every request that could is ready, all together.
+    ready: (N,) per block; retired[b]: leading blocks retiring now; room[b]: the request may
+    still place a block after its frontier. Lockstep opens blocks only when every request that
+    could is ready, all together.
     """
     ends = np.cumsum(num_blocks) - 1
-    eligible = np.array([n < cfg.size and r for n, r in zip(num_blocks, room, strict=True)])
+    eligible = np.array([n - k < cfg.size and r for n, k, r in
+                         zip(num_blocks, retired, room, strict=True)])
     frontier_ready = ready[ends] if len(ends) else np.zeros(0, dtype=bool)
     if cfg.lockstep:
         go = eligible.any() and frontier_ready[eligible].all()

@@ -87,8 +87,11 @@ class Req:
         return ids
 
     def window_end(self, wavefront_size: int) -> int:
-        """End position up to which blocks may be open (W blocks, never past max_end)."""
-        return min(self.max_end, self.committed_len + wavefront_size * self.block_size)
+        """End position up to which blocks may be open in the next round, never past max_end:
+        the W-block window, plus one block for a spawn in the forward where the leftmost block
+        retires (the worker opens it before handing back). W = 1 never spawns."""
+        blocks = wavefront_size + 1 if wavefront_size > 1 else 1
+        return min(self.max_end, self.committed_len + blocks * self.block_size)
 
     def generated_part(self, block: np.ndarray) -> np.ndarray:
         """The block's tokens that are output, i.e. past the prompt."""
