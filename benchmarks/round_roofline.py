@@ -8,16 +8,19 @@ The model is built in memory with random weights at the real config (preset
 the real ModelRunner. For each batch size B and prefix length (~1k, ~4k: each request's prefix
 drawn in [0.9 P, P], block-aligned, its pages scattered in the pool) one round = forward over
 the B blocks of 32 tokens + LowConfidence's step, timed with CUDA events (median of --iters
-after --warmup). Backends: "triton" (Triton attention and MoE, the fused step) and "torch"
-(the plain PyTorch reference, no custom kernels, no graphs). The floor is the larger of exact
+after --warmup). Backends: "triton+graphs" (the engine's default GPU path: the forward replays
+a CUDA graph captured for its batch size, the step runs eagerly), "triton" (the same kernels,
+eager: Triton attention and MoE, fused norms/RoPE/KV store, the fused step) and "torch" (the
+plain PyTorch reference, no custom kernels, no graphs). The floor is the larger of exact
 bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
-(benchmarks/round_cost.py). Rounds are eager (CUDA graphs are part 2 of the issue).
-Runs on the CPU too (wall-clock timing, assumed ceilings) for a smoke test with --preset tiny.
+(benchmarks/round_cost.py). Runs on the CPU too (wall-clock timing, assumed ceilings) for a
+smoke test with --preset tiny.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -40,48 +43,27 @@ from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.layers.moe import Experts, route
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
-from dllm_serve.model.loader import materialize
+from dllm_serve.model.loader import random_model
 from dllm_serve.model.runner import ModelRunner
-from dllm_serve.models import get_model_class
-from dllm_serve.models.llada2 import init_weights
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tools.tiny_checkpoint import PRESETS, llada2_config, preset_overrides
 from dllm_serve.tools.tiny_tokenizer import build_tokenizer
 
 BLOCK = 32
 CPU_CEILINGS = (50e9, 1e12)  # bytes/s, FLOP/s: placeholders for a CPU smoke run
-# name -> (attention backend, MoE backend, DllmAlgorithm.fused_predict)
-BACKENDS = {"triton": ("triton", "triton", True), "torch": ("torch", "torch", False)}
-
-
-def build_model(hf: dict[str, Any], dtype: torch.dtype, device: torch.device,
-                seed: int) -> nn.Module:
-    """The model class for `hf`, allocated like the loader does, with random weights."""
-    cls = get_model_class(hf["architectures"][0])
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = cls(hf)
-    finally:
-        torch.set_default_dtype(previous)
-    materialize(model, dtype, device, model.weight_map)
-    torch.manual_seed(seed)
-    init_weights(model, std=0.02)
-    with torch.no_grad():  # router bias spread like a trained one, so choices vary by layer
-        for name, p in model.named_parameters():
-            if name.endswith("expert_bias"):
-                p.normal_(0.0, 0.05)
-    return model.eval()
+# name -> (attention backend, MoE backend, DllmAlgorithm.fused_predict, CUDA graphs)
+BACKENDS = {"triton+graphs": ("triton", "triton", True, True),
+            "triton": ("triton", "triton", True, False), "torch": ("torch", "torch", False, False)}
 
 
 def make_runner(hf: dict[str, Any], model: nn.Module, backend: str, max_batch: int,
                 max_prefix: int, device: torch.device, dtype: torch.dtype) -> ModelRunner:
-    attention, moe, _ = BACKENDS[backend]
+    attention, moe, _, graphs = BACKENDS[backend]
     context = max_prefix + 2 * BLOCK
     args = ServerArgs(device=device.type, dtype=str(dtype).removeprefix("torch."),
                       attention_backend=attention, moe_backend=moe, context_length=context,
-                      max_running_requests=max_batch,
+                      max_running_requests=max_batch, dllm_wavefront_size=1,
+                      disable_cuda_graph=not graphs, cuda_graph_max_bs=max_batch,
                       max_total_tokens=max_batch * context + 64 * BLOCK)
     config = ModelConfig(path=Path("(random weights)"), architecture=hf["architectures"][0],
                          hf=hf, vocab_size=hf["vocab_size"],
@@ -114,20 +96,22 @@ def denoise_batch(ids: torch.Tensor, prefixes: list[int]) -> DenoiseBatch:
 
 def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
              rng: np.random.Generator) -> tuple[Callable[[], None], ForwardBatch]:
-    """One round (forward + step) over fresh half-masked blocks, repeatable."""
+    """One round (forward + step) over fresh half-masked blocks, repeatable; the forward is the
+    engine's (a graph replay when the runner captured graphs); fb: an eager batch of it."""
     vocab = runner.model.config.vocab_size
     init = torch.from_numpy(rng.integers(0, vocab, (len(prefixes), BLOCK))).to(runner.device)
     init = torch.where(torch.rand(init.shape, device=runner.device) < 0.5, algo.mask_id, init)
     ids = init.clone()
     batch = denoise_batch(ids, prefixes)
-    fb = runner.denoise_batch(list(range(len(prefixes))), batch)
+    slots = list(range(len(prefixes)))
+    forward = runner.denoise_forward(slots, batch)
     state = algo.init_step_state(ids)
 
     def run() -> None:
         ids.copy_(init)
-        algo.step(batch, runner.forward(fb), state)
+        algo.step(batch, forward(), state)
 
-    return run, fb
+    return run, runner.denoise_batch(slots, batch)
 
 
 def time_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
@@ -211,6 +195,9 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
     dllm = DllmConfig(algorithm="LowConfidence", block_size=BLOCK, mask_id=hf["mask_token_id"])
     algo = build_algorithm(dllm)
     algo.fused_predict = BACKENDS[backend][2]
+    if BACKENDS[backend][3] and device.type == "cuda" and runner.graphs is None:
+        print(f"{backend}: graph capture failed (see the log): these rows run eagerly",
+              flush=True)
     rows = []
     for prefix in args.prefixes:
         for batch in args.batch_sizes:
@@ -227,8 +214,11 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
             rows.append({"backend": backend, "batch": batch, "prefix": prefix,
                          "prefixes": prefixes, "round_ms": ms,
                          "experts_touched": experts_touched(runner, fb)})
-            print(f"{backend:6s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
-    del runner
+            print(f"{backend:13s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
+    del runner, fn, fb  # frees the KV pool and the graphs before the next backend
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -243,15 +233,18 @@ def add_floor(row: dict[str, Any], model: nn.Module, hf: dict[str, Any], itemsiz
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    torch_ms = {(r["batch"], r["prefix"]): r["round_ms"] for r in rows if r["backend"] == "torch"}
+    def ms_of(backend: str) -> dict[tuple[int, int], float]:
+        return {(r["batch"], r["prefix"]): r["round_ms"] for r in rows if r["backend"] == backend}
+
+    refs = [ms_of("torch"), ms_of("triton")]
     lines = ["| backend | B | prefix | round ms | floor ms | ratio | bound | GB | TFLOP "
-             "| vs torch |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs torch | vs triton eager |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ref = torch_ms.get((r["batch"], r["prefix"]))
-        speedup = f"{ref / r['round_ms']:.2f}x" if ref else "-"
+        speedups = [ref.get((r["batch"], r["prefix"])) for ref in refs]
+        cells = " | ".join(f"{s / r['round_ms']:.2f}x" if s else "-" for s in speedups)
         lines.append(f"| {r['backend']} | {r['batch']} | ~{r['prefix']} | {r['round_ms']:.2f} | "
                      f"{r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['bound']} | "
-                     f"{r['weight_gb'] + r['kv_gb']:.2f} | {r['tflop']:.3f} | {speedup} |")
+                     f"{r['weight_gb'] + r['kv_gb']:.2f} | {r['tflop']:.3f} | {cells} |")
     return "\n".join(lines)
 
 
@@ -262,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
                         metavar="KEY=VALUE", help="config.json override (repeatable), JSON value")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     parser.add_argument("--prefixes", type=int, nargs="+", default=[1024, 4096])
-    parser.add_argument("--backends", nargs="+", default=["triton", "torch"],
+    parser.add_argument("--backends", nargs="+", default=["triton+graphs", "triton", "torch"],
                         choices=sorted(BACKENDS))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
@@ -277,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = dict(preset_overrides(args.preset))
     overrides.update((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.overrides))
     hf = llada2_config(build_tokenizer(), PRESETS[args.preset], overrides)
-    model = build_model(hf, dtype, device, args.seed)
+    model = random_model(hf, dtype, device, args.seed)
     ceilings = measure_ceilings(device)
     print(f"ceilings: {ceilings[0] / 1e12:.2f} TB/s, {ceilings[1] / 1e12:.0f} TFLOP/s", flush=True)
     rows = [r for b in args.backends for r in run_backend(hf, model, b, args, device, dtype)]

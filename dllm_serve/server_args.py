@@ -14,6 +14,7 @@ from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOAD_FORMATS = ("auto", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -70,10 +71,22 @@ class ServerArgs:
         0.85, "GPU only: fraction of GPU memory for weights + KV pool.")
     attention_backend: str = _f(
         "torch", "Attention implementation: torch (the reference) or triton (the "
-        "block-diffusion paged attention kernel; CUDA).")
+        "block-diffusion paged attention kernel, with fused RMSNorm, q/k norm + RoPE and KV "
+        "store kernels; CUDA).")
     moe_backend: str = _f(
         "torch", "MoE experts implementation: torch (the reference) or triton (device routing, "
         "expert-sorted grouped GEMMs; CUDA).")
+    disable_cuda_graph: bool = _f(
+        False, "Run denoise forwards eagerly. By default, on CUDA with the triton attention and "
+        "MoE backends, each denoise forward replays a CUDA graph captured at startup for its "
+        "batch-size bucket.", boolean=True)
+    cuda_graph_max_bs: int | None = _f(
+        None, "Largest denoise batch, in active blocks, replayed from a CUDA graph (larger ones "
+        "run eagerly). Default: max_running_requests x dllm_wavefront_size, at most 256.")
+    load_format: str = _f(
+        "auto", "auto: read the checkpoint's *.safetensors; dummy: random weights built from "
+        "config.json alone (speed tests at real shapes without the weights on disk).",
+        choices=LOAD_FORMATS)
     random_seed: int = _f(0, "Seed for weights-independent randomness (sampling noise).")
     api_key: str | None = _f(
         None, "If set, every HTTP route but /health, /health_generate and /metrics needs "
@@ -111,6 +124,8 @@ class ServerArgs:
                f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         _check(0.0 < self.mem_fraction_static < 1.0,
                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        _check(self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 1,
+               f"--cuda-graph-max-bs must be >= 1, got {self.cuda_graph_max_bs}")
         _check(self.dllm_wavefront_size >= 1,
                f"--dllm-wavefront-size must be >= 1, got {self.dllm_wavefront_size}")
         _check(0.0 <= self.dllm_spawn_threshold <= 1.0,
@@ -121,7 +136,8 @@ class ServerArgs:
         _check(not (self.dllm_wavefront_lockstep and self.dllm_fdfo),
                "--dllm-wavefront-lockstep advances all requests together; use it with "
                "--no-dllm-fdfo")
-        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS)):
+        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS),
+                              ("load_format", LOAD_FORMATS)):
             value = getattr(self, name)
             _check(value in allowed, f"--{name.replace('_', '-')} must be one of "
                    f"{', '.join(allowed)}, got {value!r}")
@@ -139,6 +155,13 @@ class ServerArgs:
         if self.dtype != "auto":
             return self.dtype
         return "bfloat16" if self.resolved_device == "cuda" else "float32"
+
+    @property
+    def graph_max_blocks(self) -> int:
+        """The largest CUDA-graph bucket, in active blocks (--cuda-graph-max-bs)."""
+        if self.cuda_graph_max_bs is not None:
+            return self.cuda_graph_max_bs
+        return min(self.max_running_requests * self.dllm_wavefront_size, 256)
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)

@@ -3,11 +3,13 @@
     python scripts/make_tiny_model.py --arch llada2_moe --out /tmp/tiny-llada2 [--seed N]
         [--preset tiny] [--set num_hidden_layers=4 --set tie_word_embeddings=true]
     python scripts/make_tiny_model.py --preset llada2-mini-shape --device cuda --out DIR
+    python scripts/make_tiny_model.py --preset llada2-mini-shape --no-weights --out DIR
 
 The llada2-mini-shape preset has LLaDA2.0-mini's exact shapes (~16B parameters: 32 GB of
 safetensors, built in host memory before writing; --device cuda draws the random values on the
 GPU). For speed measurements benchmarks/round_roofline.py builds the same model in GPU memory
-without writing it.
+without writing it; --no-weights writes only config.json and the tokenizer files, which the
+engine serves with `--load-format dummy` (random weights built in memory).
 """
 
 from __future__ import annotations
@@ -34,13 +36,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="same seed => identical files")
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--device", default="cpu", help="where to draw the random weights")
+    parser.add_argument("--no-weights", dest="weights", action="store_false",
+                        help="config and tokenizer only (serve with --load-format dummy)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         type=parse_override, metavar="KEY=VALUE",
                         help="override a config.json value (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = build_tiny_checkpoint(args.out, arch=args.arch, seed=args.seed, preset=args.preset,
-                                 device=args.device, **dict(args.overrides))
+                                 device=args.device, weights=args.weights,
+                                 **dict(args.overrides))
     print(path)
 
 

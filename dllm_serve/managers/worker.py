@@ -2,14 +2,16 @@
 
 A denoise round hands the algorithm the round's blocks and a `forward` over them; the
 algorithm's base class runs the execution mode (sync / FDFO, wavefront), re-looping in place
-until blocks can retire. The forward batch is rebuilt only when the layout changes (a block
-opens). Carried algorithm state travels as numpy per block; blocks that start now get a fresh
-state from `init_step_state`.
+until blocks can retire. The forward (a CUDA graph replay or an eager ForwardBatch, see
+ModelRunner.denoise_forward) is prepared again only when the layout changes (a block opens).
+Carried algorithm state travels as numpy per block; blocks that start now get a fresh state
+from `init_step_state`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -17,7 +19,6 @@ import torch
 from dllm_serve.dllm.algorithms import DenoiseBatch, DllmAlgorithm, RoundMode
 from dllm_serve.dllm.algorithms.base import RowState, State
 from dllm_serve.managers.messages import DenoiseWork, PrefillDone, PrefillWork, RoundResult
-from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,12 @@ class Worker:
         batch = self._batch(work)
         state = collate_states(self.algo, batch.block_ids, work.states)
         self.runner.set_pages(work.req_slots, work.pages)
-        cached: list[tuple[torch.Tensor, ForwardBatch]] = []
+        cached: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
 
         def forward(b: DenoiseBatch) -> torch.Tensor:
             if not cached or cached[0][0] is not b.block_ids:
-                cached[:] = [(b.block_ids, self.runner.denoise_batch(work.req_slots, b))]
-            logits = self.runner.forward(cached[0][1])
-            assert logits is not None
-            return logits
+                cached[:] = [(b.block_ids, self.runner.denoise_forward(work.req_slots, b))]
+            return cached[0][1]()
 
         out = self.algo.run(forward, batch, state, self.mode)
         retired = np.zeros(out.batch.size, dtype=bool)

@@ -14,6 +14,7 @@ from dllm_serve.dllm.wavefront import WavefrontConfig
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import Shutdown, WorkerFailed, WorkerReady
 from dllm_serve.managers.procs import die_with_parent, setup_logging
+from dllm_serve.managers.round_trace import traced
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.runner import ModelRunner
@@ -29,9 +30,10 @@ def run_worker_process(args: ServerArgs, addrs: Addresses) -> None:
     rx, tx = Receiver(ctx, addrs.to_worker), Sender(ctx, addrs.from_worker)
     try:
         worker = build_worker(args)
+        run = traced(worker.run, worker.runner)  # timed when DLLM_SERVE_ROUND_TRACE is set
         tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size))
         while not isinstance(work := rx.recv(), Shutdown):
-            tx.send(worker.run(work))
+            tx.send(run(work))
     except Exception:
         logger.exception("worker failed")
         tx.send(WorkerFailed(traceback.format_exc()))

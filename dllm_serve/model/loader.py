@@ -5,7 +5,8 @@ memory), materialised once on the target device in the target dtype, then filled
 checkpoint through the model's `weight_map` (models/weights.py). Loading is strict: every
 expected tensor must appear exactly once with the expected shape, and nothing else may appear
 (except names the map ignores and tied aliases); any violation raises a ValueError naming the
-tensor.
+tensor. `random_model` (`--load-format dummy`) builds the same model from config.json alone,
+with random weights, for speed tests at real shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -49,6 +51,29 @@ def load_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) ->
     count = load_weights(model, Path(config.path), wmap)
     logger.info("loaded %s: %d tensors in %.1f s", config.architecture, count,
                 time.perf_counter() - start)
+    return model.eval()
+
+
+def random_model(hf: dict[str, Any], dtype: torch.dtype, device: torch.device,
+                 seed: int = 0, std: float | None = None) -> nn.Module:
+    """The model for config.json `hf`, allocated like `load_model` does, with random weights:
+    norms 1, biases 0, matrices N(0, std) (default: initializer_range), and an expert bias
+    spread like a trained router's (N(0, 0.05)), so that expert choices vary."""
+    cls = get_model_class(hf["architectures"][0])
+    with torch.device("meta"), _default_dtype(dtype):
+        model = cls(hf)
+    materialize(model, dtype, torch.device(device), model.weight_map)
+    gen = torch.Generator(device).manual_seed(seed)
+    std = float(hf.get("initializer_range", 0.02)) if std is None else std
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("expert_bias"):
+                p.normal_(0.0, 0.05, generator=gen)
+            elif p.dim() > 1:
+                p.normal_(0.0, std, generator=gen)
+            else:
+                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+    logger.info("built %s with random weights (--load-format dummy)", hf["architectures"][0])
     return model.eval()
 
 

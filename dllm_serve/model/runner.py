@@ -3,12 +3,18 @@
 It turns scheduler work (PrefillWork / DenoiseWork) into `ForwardBatch`es and runs forwards.
 A denoise batch's `input_ids` is a view of the round's block ids (B, K), so an algorithm that
 edits the block ids in place changes what the next forward of the same batch sees.
+On CUDA with the triton backends, denoise forwards replay CUDA graphs (model/cuda_graph.py)
+captured here at startup; prefill stays eager. The KV pool keeps one page and one request slot
+past what the scheduler is told of: the graphs' padding blocks write there.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,8 +29,12 @@ from dllm_serve.managers.messages import PrefillWork
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
-from dllm_serve.model.loader import load_model
+from dllm_serve.model.forward_timer import ForwardTimer
+from dllm_serve.model.loader import load_model, random_model
 from dllm_serve.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from dllm_serve.model.cuda_graph import DenoiseGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +57,11 @@ class ModelRunner:
         self.dtype = getattr(torch, args.resolved_dtype)
         self.block_size = dllm.block_size
         torch.manual_seed(args.random_seed)
-        self.model = model if model is not None else load_model(model_config, self.dtype,
-                                                                self.device)
+        if model is None:
+            model = (random_model(model_config.hf, self.dtype, self.device, args.random_seed)
+                     if args.load_format == "dummy"
+                     else load_model(model_config, self.dtype, self.device))
+        self.model = model
         set_moe_backend(self.model, args.moe_backend)
         set_kernel_backend(self.model, "triton" if args.attention_backend == "triton" else "torch")
         layers, heads, kv_heads, head_dim = self.model.kv_spec()
@@ -57,16 +70,55 @@ class ModelRunner:
         max_pages_per_req = -(-(context + self.block_size) // self.page_size)
         bytes_per_token = 2 * layers * kv_heads * head_dim * self.dtype.itemsize
         num_pages = self._num_pages(args, context, bytes_per_token)
-        self.kv = KVCache(layers, num_pages, self.page_size, kv_heads, head_dim,
-                          args.max_running_requests, max_pages_per_req, self.dtype, self.device)
+        self.kv = KVCache(layers, num_pages + 1, self.page_size, kv_heads, head_dim,
+                          args.max_running_requests + 1, max_pages_per_req, self.dtype,
+                          self.device)
+        self.scratch_slot = args.max_running_requests  # its one page: the last one
+        self.kv.set_pages([self.scratch_slot], [np.array([num_pages])])
         self.attn = ATTENTION_BACKENDS.get(args.attention_backend)(
             self.kv, heads, head_dim, self.model.attn_scale)
         logger.info("KV pool: %d pages of %d tokens (%.1f MB) on %s", num_pages, self.page_size,
                     num_pages * self.page_size * bytes_per_token / 1e6, self.device)
+        self.graphs: DenoiseGraphs | None = None
+        if self._want_graphs(args):
+            self.graphs = self._capture_graphs(args.graph_max_blocks,
+                                               model_config.vocab_size, dllm.mask_id)
+        self.timer: ForwardTimer | None = None  # set to time every denoise forward
 
     @property
     def num_pages(self) -> int:
-        return self.kv.num_pages
+        """Pages the scheduler may hand out (the scratch page excluded)."""
+        return self.kv.num_pages - 1
+
+    def _want_graphs(self, args: ServerArgs) -> bool:
+        if args.disable_cuda_graph or self.device.type != "cuda":
+            return False
+        if args.attention_backend != "triton" or args.moe_backend != "triton":
+            logger.info("CUDA graphs need --attention-backend triton and --moe-backend triton; "
+                        "denoise forwards run eagerly")
+            return False
+        return True
+
+    def _capture_graphs(self, max_blocks: int, vocab: int, pad_id: int) -> DenoiseGraphs | None:
+        """Capture the denoise graphs; on any failure warn and run eagerly instead."""
+        graphs = None
+        try:
+            from dllm_serve.model.cuda_graph import DenoiseGraphs
+
+            graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size, max_blocks,
+                                   vocab, pad_id, self.scratch_slot)
+            graphs.capture()
+            return graphs
+        except Exception as e:  # a graph must never take the server down
+            logger.warning("CUDA graph capture failed, denoise forwards run eagerly "
+                           "(--disable-cuda-graph silences this): %s: %s", type(e).__name__, e)
+        del graphs
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # the device itself failed: the first eager forward will say so
+            logger.exception("CUDA error after the failed capture")
+        return None
 
     def _num_pages(self, args: ServerArgs, context: int, bytes_per_token: int) -> int:
         if args.max_total_tokens is not None:
@@ -125,6 +177,21 @@ class ModelRunner:
             seg_starts_cpu=list(seg_starts), seg_lens_cpu=list(seg_lens))
         self.attn.prepare(fb)
         return fb
+
+    def denoise_forward(self, req_slots: list[int], batch: DenoiseBatch
+                        ) -> Callable[[], torch.Tensor]:
+        """A repeatable forward over `batch` (pages set): each call reads batch.block_ids as
+        they are then and returns logits (N * K, V) fp32, valid until the next call. Replays a
+        CUDA graph when one holds the batch, else runs eagerly."""
+        run = self.graphs.prepare(req_slots, batch) if self.graphs is not None else None
+        if run is None:
+            run = partial(self._logits, self.denoise_batch(req_slots, batch))
+        return run if self.timer is None else self.timer.wrap(run)
+
+    def _logits(self, fb: ForwardBatch) -> torch.Tensor:
+        logits = self.forward(fb)
+        assert logits is not None
+        return logits
 
     # ---- forward ----------------------------------------------------------------------------
 

@@ -52,12 +52,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 def build_tiny_checkpoint(out: str | Path, arch: str = "llada2_moe", seed: int = 0,
                           preset: str = "tiny", init_std: float = 0.02, device: str = "cpu",
-                          **config_overrides: Any) -> Path:
+                          weights: bool = True, **config_overrides: Any) -> Path:
     """Write a random checkpoint folder for `arch` at `out` and return its path.
 
     `config_overrides` replace config.json values after the preset (e.g. num_hidden_layers=2,
     tie_word_embeddings=True, dtype="float32"); an unknown key raises. `device` draws the
     random values there ("cuda" for real shapes; the same seed gives other values than "cpu").
+    weights=False writes config and tokenizer files only, for `--load-format dummy`.
     """
     if arch not in ARCHES:
         raise ValueError(f"unknown tiny-checkpoint arch {arch!r}; known: {', '.join(ARCHES)}")
@@ -68,9 +69,12 @@ def build_tiny_checkpoint(out: str | Path, arch: str = "llada2_moe", seed: int =
     tok = build_tokenizer()
     config = llada2_config(tok, PRESETS[preset], {**preset_overrides(preset),
                                                   **config_overrides})
+    write_metadata_files(out, tok, config)
+    if not weights:
+        logger.info("wrote %s config and tokenizer (no weights) to %s", arch, out)
+        return out
     tensors = llada2_tensors(config, torch.Generator(device).manual_seed(seed), init_std)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    write_metadata_files(out, tok, config)
     logger.info("wrote tiny %s checkpoint (%d tensors) to %s", arch, len(tensors), out)
     return out
 

@@ -1,0 +1,145 @@
+"""The engine end to end (scheduler + worker processes) at LLaDA2.0-mini's shapes (issue 6).
+
+    python benchmarks/engine_gpu.py --out results/engine_gpu.json
+    python benchmarks/engine_gpu.py --preset tiny --device cpu --concurrency 2   # smoke
+
+The model folder holds config.json and the tokenizer only (`make_tiny_model.py --no-weights`,
+written to a temporary folder unless --model-path is given) and the worker builds the model
+with random weights in memory (`--load-format dummy`). Per engine setting (--graphs on: CUDA
+graphs, off: eager) and per concurrency C, C GSM8K prompts run at once with FDFO, each for
+exactly --max-new-tokens tokens (random weights never converge early: every block takes its
+full ~33 forwards). Reported per run: output tokens/s, rounds/s and denoise forwards/s, and
+the fraction of wall time the device sat idle between rounds.
+
+Method (dllm_serve/managers/round_trace.py): the worker timestamps every work item (host
+clock, after the item's final host sync) and times every denoise forward with CUDA events. The
+worker runs one item at a time and queues nothing past an item's end, so the time between one
+item's end and the next one's start is device idle time. idle_fraction = that time / the span
+from the first item's start to the last one's end; forward_fraction = time inside forwards /
+span; in_round_host_ms_per_forward = (round time - forward time) / forwards: the step, the
+host sync per forward and the metadata preparation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import git_commit, gsm8k_questions, write_json
+from dllm_serve.managers.round_trace import TRACE_ENV, read_trace, summarize
+from dllm_serve.tools.tiny_checkpoint import PRESETS, build_tiny_checkpoint
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None,
+                   help="config.json + tokenizer folder (default: written for --preset)")
+    p.add_argument("--preset", default="llada2-mini-shape", choices=sorted(PRESETS))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--graphs", nargs="+", default=["on"], choices=["on", "off"],
+                   help="engine settings to run: CUDA graphs on, off (eager)")
+    p.add_argument("--eager-concurrency", type=int, nargs="+", default=None,
+                   help="concurrencies for --graphs off (default: --concurrency)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--wavefront-size", type=int, default=1)
+    p.add_argument("--algorithm", default="LowConfidence")
+    p.add_argument("--backend", default=None,
+                   help="attention and MoE backend (default: triton on cuda, torch on cpu)")
+    p.add_argument("--context-length", type=int, default=1024)
+    p.add_argument("--out", default=None, help="JSON results")
+    return p.parse_args(argv)
+
+
+def engine_kwargs(ns: argparse.Namespace, model_path: str, graphs: bool) -> dict[str, Any]:
+    backend = ns.backend or ("triton" if ns.device == "cuda" else "torch")
+    return dict(model_path=model_path, load_format="dummy", device=ns.device,
+                attention_backend=backend, moe_backend=backend, dllm_algorithm=ns.algorithm,
+                dllm_fdfo=True, dllm_wavefront_size=ns.wavefront_size,
+                max_running_requests=max(ns.concurrency), context_length=ns.context_length,
+                disable_cuda_graph=not graphs, log_level="warning")
+
+
+def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens: int
+                    ) -> dict[str, Any]:
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}
+    before = engine.get_server_info()["stats"]
+    start = time.monotonic()
+    outs = engine.generate(prompts, params)
+    end = time.monotonic()
+    after = engine.get_server_info()["stats"]
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    wall = end - start
+    return {"concurrency": len(prompts), "wall_s": wall, "output_tokens": tokens,
+            "output_tokens_per_s": tokens / wall,
+            "scheduler_stats": {k: after[k] - before[k] for k in after},
+            **summarize(read_trace(trace, start, end))}
+
+
+def run_engine(ns: argparse.Namespace, model_path: str, graphs: bool, trace_dir: Path,
+               concurrency: list[int]) -> list[dict[str, Any]]:
+    from dllm_serve import Engine
+
+    trace = str(trace_dir / f"trace_graphs_{'on' if graphs else 'off'}.jsonl")
+    os.environ[TRACE_ENV] = trace  # the worker process inherits it
+    t0 = time.monotonic()
+    with Engine(**engine_kwargs(ns, model_path, graphs)) as engine:
+        startup = time.monotonic() - t0
+        worker = read_trace(trace, 0.0, float("inf"), kinds=("worker",))[-1]
+        engine.generate(["warm up"], {"max_new_tokens": 32, "ignore_eos": True})
+        rows = []
+        for c in concurrency:
+            row = run_concurrency(engine, trace, gsm8k_questions(c, seed=c), ns.max_new_tokens)
+            rows.append({"graphs": graphs, "graphs_active": worker["cuda_graphs"],
+                         "graph_buckets": worker["graph_buckets"], "startup_s": startup, **row})
+            print_row(rows[-1])
+    del os.environ[TRACE_ENV]
+    return rows
+
+
+def print_row(r: dict[str, Any]) -> None:
+    active = "" if r["graphs_active"] == r["graphs"] else " (capture failed: eager)"
+    print(f"graphs={'on ' if r['graphs'] else 'off'}{active} C={r['concurrency']:3d}: "
+          f"{r['output_tokens_per_s']:8.1f} tok/s  {r.get('rounds_per_s', 0):6.2f} rounds/s  "
+          f"{r.get('forwards_per_s', 0):7.1f} fwd/s  idle {100 * r.get('idle_fraction', 0):5.2f}%"
+          f"  fwd {r.get('forward_ms_mean', 0):7.2f} ms  host/fwd "
+          f"{r.get('in_round_host_ms_per_forward', 0):6.2f} ms", flush=True)
+
+
+def model_folder(ns: argparse.Namespace, tmp: Path) -> str:
+    if ns.model_path:
+        return ns.model_path
+    return str(build_tiny_checkpoint(tmp / "model", preset=ns.preset, weights=False))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ns = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="engine_gpu_") as tmp_name:
+        tmp = Path(tmp_name)
+        model_path = model_folder(ns, tmp)
+        rows = []
+        for setting in ns.graphs:
+            graphs = setting == "on"
+            concurrency = ns.concurrency if graphs else (ns.eager_concurrency or ns.concurrency)
+            rows += run_engine(ns, model_path, graphs, tmp, concurrency)
+    device = ns.device
+    if device == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name()
+    result = {"benchmark": "engine_gpu", "config": vars(ns), "git_commit": git_commit(),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "runs": rows}
+    write_json(ns.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 6 part 2 on one H200, in ~8 minutes: (1) the GPU tests (every kernel test compiled, CUDA
+# graphs, bs=1 sync-vs-FDFO parity and graph-vs-eager tokens), (2) the round roofline with
+# graphs on (triton+graphs, triton eager, torch) at B=1,4,16,32,64 x prefix ~1k/~4k, (3) the
+# engine end to end (scheduler + worker processes, FDFO, 16 and 64 concurrent requests; eager
+# at 16 for comparison). Each stage has its own time limit and runs whatever the one before did.
+#
+#   bash scripts/gpu_perf_check.sh          # device tool: carry [".whl"]
+#
+# The GPU image lacks pyzmq (the engine's IPC): wheels staged here by
+# ../shared/device/stage-wheels.sh travel in .whl and are installed into /tmp/site.
+# What comes back under $OUT (at most 8 files): summary.md (machine, test tail, both tables),
+# tests.log, roofline.json, engine_gpu.json, all.tar.gz (every log, profile and table).
+set -u -o pipefail
+OUT=${OUT:-gpu_out}
+RUN=/tmp/gpu_perf_run
+rm -rf "$RUN" && mkdir -p "$OUT" "$RUN"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl 2>&1 | tail -3
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+status=0
+stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$RUN/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$RUN/$name.log"
+  [[ $rc == 0 ]] || status=1
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
+  python3 -c 'import sys, torch, triton, zmq; print(sys.version.split()[0], "torch",
+    torch.__version__, "triton", triton.__version__, "pyzmq", zmq.__version__,
+    torch.cuda.get_device_name())'
+  git log -1 --format='%H %s' 2>/dev/null || true
+} 2>&1 | tee "$RUN/machine.txt"
+
+# 1. Tests: every kernel test compiled (small shapes + gpu-marked full shapes), then the
+#    gpu-marked graph, dummy-load and engine tests.
+stage tests 220 python3 -m pytest -q -p no:cacheprovider -rs --durations=12 \
+  tests/test_kernels_attention.py tests/test_kernels_moe.py tests/test_kernels_step.py \
+  tests/test_kernels_fused_ops.py tests/test_kernels_moe_sort.py tests/test_kernels_model.py \
+  tests/test_cuda_graph.py \
+  tests/test_engine_gpu.py
+
+# 2. Roofline: graphs, eager Triton, plain PyTorch; profile tables at B=16, prefix 4k.
+stage roofline 170 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
+  --out "$RUN/roofline.json"
+
+# 3. The engine end to end with random weights at LLaDA2.0-mini's shapes.
+stage engine 130 python3 benchmarks/engine_gpu.py --concurrency 16 64 --graphs on off \
+  --eager-concurrency 16 --max-new-tokens 128 --out "$RUN/engine_gpu.json"
+
+{
+  echo "# gpu_perf_check $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo '```'; cat "$RUN/machine.txt"; echo '```'
+  echo "## tests"; echo '```'; tail -n 25 "$RUN/tests.log" 2>/dev/null; echo '```'
+  echo "## roofline"; cat "$RUN/roofline.md" 2>/dev/null || tail -n 30 "$RUN/roofline.log"
+  echo; echo "## engine"; echo '```'; grep -E '^graphs=|=== engine' "$RUN/engine.log"; echo '```'
+} > "$RUN/summary.md" 2>&1
+cp "$RUN/summary.md" "$OUT/"
+for f in tests.log roofline.json engine_gpu.json; do
+  [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
+done
+tar -czf "$OUT/all.tar.gz" -C "$RUN" .
+cat "$RUN/summary.md"
+exit $status

@@ -1,0 +1,222 @@
+"""CUDA-graph denoise forwards (model/cuda_graph.py, model/graph_layout.py).
+
+On the CPU: bucket choice, the packed metadata (padding blocks on the scratch slot, length-0
+tiles, stale fields overwritten), and the static padded forward run eagerly through the Triton
+interpreter: same logits as the eager path, K/V written only to the request's pages and the
+scratch page, and a worker round (FDFO, wavefront W=2: the layout changes inside the round)
+giving the same tokens. Capture and replay run in the `gpu` tests at the end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dllm_serve.dllm.algorithms import RoundMode
+from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
+from dllm_serve.dllm.batch import DenoiseBatch
+from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.managers.messages import DenoiseWork, PrefillWork
+from dllm_serve.managers.worker import Worker
+from dllm_serve.model.config import ModelConfig
+from dllm_serve.model.cuda_graph import DenoiseGraphs
+from dllm_serve.model.graph_layout import MetaLayout, fill_meta, graph_buckets, pick_bucket
+from dllm_serve.model.runner import ModelRunner
+from dllm_serve.server_args import ServerArgs
+from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
+
+K = 32
+PAGES = [np.array([3, 7, 1, 9]), np.array([0, 5, 2, 11])]
+PROMPTS = [np.arange(5, 5 + 64), np.arange(9, 9 + 32)]
+
+
+def test_buckets() -> None:
+    assert graph_buckets(1) == [1]
+    assert graph_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert graph_buckets(100)[-3:] == [80, 96, 100]
+    assert [pick_bucket(n, [1, 2, 4, 8]) for n in (1, 3, 8, 9)] == [1, 4, 8, None]
+
+
+def test_fill_meta_pads_with_scratch_blocks() -> None:
+    layout = MetaLayout(max_blocks=8, block_size=4, tiles_per_block=1)
+    buf = np.full(layout.size, -7, dtype=np.int64)
+    # request in slot 3: two blocks from position 12; slot 0: one block at 4; bucket 4
+    fill_meta(buf, layout, 4, [3, 0], [12, 4], [2, 1], tokens_per_tile=8, scratch_slot=9)
+    field = {f: buf[layout.offset(f):] for f in ("positions", "token_slot", "seg_req",
+                                                 "seg_starts", "seg_lens")}
+    assert field["positions"][:16].tolist() == [*range(12, 20), *range(4, 8), 0, 1, 2, 3]
+    assert field["token_slot"][:16].tolist() == [3] * 8 + [0] * 4 + [9] * 4
+    assert field["seg_req"][:4].tolist() == [3, 0, 9, 9]  # 2 real, 1 pad, 1 unused
+    assert field["seg_starts"][:4].tolist() == [12, 4, 0, 0]
+    assert field["seg_lens"][:4].tolist() == [8, 4, 4, 0]
+    tiles = layout.tiles_view(buf, 4)
+    assert tiles.tolist() == [[0, 0, 12, 8, 0], [1, 0, 4, 4, 8], [2, 0, 0, 4, 12],
+                              [0, 0, 0, 0, 0]]
+    fill_meta(buf, layout, 4, [5], [40], [1], tokens_per_tile=8, scratch_slot=9)  # refill
+    assert field["positions"][:16].tolist() == [*range(40, 44)] + [0, 1, 2, 3] * 3
+    assert field["seg_lens"][:4].tolist() == [4, 4, 4, 4]
+    assert layout.tiles_view(buf, 4)[:, 3].tolist() == [4, 4, 4, 4]
+
+
+def make_runner(model_dir: Path, device: str = "cpu", **kw: object) -> tuple[ModelRunner, int]:
+    args = ServerArgs(model_path=str(model_dir), device=device, attention_backend="triton",
+                      moe_backend="triton", max_running_requests=4, max_total_tokens=2048,
+                      **kw)  # type: ignore[arg-type]
+    config = ModelConfig.load(model_dir)
+    dllm = DllmConfig.build(config, "LowConfidence", None, True)
+    runner = ModelRunner(config, dllm, args)
+    with torch.inference_mode():
+        runner.forward(runner.prefill_batch(PrefillWork([0, 1], PAGES, [0, 0], PROMPTS)))
+    return runner, dllm.mask_id
+
+
+def uncaptured_graphs(runner: ModelRunner, mask_id: int, max_blocks: int = 8) -> DenoiseGraphs:
+    return DenoiseGraphs(runner.model, runner.kv, runner.attn, K, max_blocks,
+                         runner.model.config.vocab_size, mask_id, runner.scratch_slot)
+
+
+def denoise(ids: torch.Tensor, num_blocks: list[int], starts: list[int]) -> DenoiseBatch:
+    b = len(num_blocks)
+    return DenoiseBatch(ids, num_blocks, starts, [s + 3 * K for s in starts], [0.0] * b,
+                        [1.0] * b, [0] * b, {}, np.zeros(ids.shape[0], np.int64))
+
+
+INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="interpreter test; CUDA runs the gpu ones")
+
+
+@INTERPRETER_ONLY
+@torch.inference_mode()
+def test_static_forward_equals_eager(tiny_model_dir: Path) -> None:
+    runner, mask_id = make_runner(tiny_model_dir)
+    graphs = uncaptured_graphs(runner, mask_id)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 300, (3, K), generator=gen)
+    ids[:, 12:] = mask_id
+    # slot 0: two blocks after its 64-token prompt (wavefront); slot 1: one block; bucket 4
+    for slots, blocks, starts in (([0, 1], [2, 1], [64, 32]), ([1, 0], [1, 2], [32, 64])):
+        batch = denoise(ids.clone(), blocks, starts)
+        ref = runner.denoise_forward(slots, batch)().clone()
+        kv_before = [t.clone() for t in runner.kv.k]
+        out = graphs.prepare(slots, batch)()
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        assert torch.equal(out.argmax(-1), ref.argmax(-1))
+        scratch = slice(runner.num_pages * K, (runner.num_pages + 1) * K)
+        for before, after in zip(kv_before, runner.kv.k, strict=True):
+            before[scratch] = after[scratch]  # padding writes the scratch page only
+            torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+@torch.inference_mode()
+def round_tokens(model_dir: Path, static: bool) -> tuple[np.ndarray, list[int]]:
+    """One FDFO round, wavefront W=2, LowConfidence threshold 0 (a block fills in one step and
+    opens the next): the layout changes inside the round."""
+    runner, mask_id = make_runner(model_dir)
+    if static:
+        runner.graphs = uncaptured_graphs(runner, mask_id)
+    algo = LowConfidence(LowConfidenceConfig(threshold=0.0), K, mask_id)
+    algo.fused_predict = True
+    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.5))
+    ids = np.full((2, K), mask_id, dtype=np.int64)
+    ids[:, :5] = 17
+    work = DenoiseWork(req_slots=[0, 1], pages=PAGES, first_starts=[64, 32],
+                       num_blocks=[1, 1], limits=[128, 96], block_ids=ids, states=[None, None],
+                       block_steps=np.zeros(2, np.int64), temperatures=[0.0, 0.0],
+                       top_ps=[1.0, 1.0], seeds=[0, 0], params=[{}, {}])
+    result = Worker(runner, algo, mode).run(work)
+    return result.block_ids, list(result.num_blocks)
+
+
+@INTERPRETER_ONLY
+def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path) -> None:
+    ref_ids, ref_blocks = round_tokens(tiny_model_dir, static=False)
+    assert ref_blocks == [2, 2]  # both requests opened a block inside the round
+    ids, blocks = round_tokens(tiny_model_dir, static=True)
+    assert blocks == ref_blocks
+    np.testing.assert_array_equal(ids, ref_ids)
+
+
+# ---- on the GPU: capture and replay ---------------------------------------------------------
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_graph_replay_equals_eager(tiny_model_dir: Path) -> None:
+    """Replays equal the same static forward run eagerly, bit for bit, across layouts and
+    prefix lengths in one bucket; and match the unpadded eager path within bf16 rounding."""
+    runner, mask_id = make_runner(tiny_model_dir, device="cuda")
+    graphs = runner.graphs
+    assert graphs is not None and graphs.captured and graphs.buckets == [1, 2, 4, 8]
+    ids = torch.randint(0, 300, (3, K), device="cuda")
+    ids[:, 12:] = mask_id
+    for slots, blocks, starts in (([0, 1], [2, 1], [64, 32]), ([1, 0], [1, 2], [32, 64]),
+                                  ([1], [1], [32])):
+        batch = denoise(ids[:sum(blocks)].clone(), blocks, starts)
+        replay = graphs.prepare(slots, batch)().clone()
+        bucket = graphs.forwards[pick_bucket(sum(blocks), graphs.buckets)]  # type: ignore[index]
+        eager_static = graphs._forward(bucket)[:replay.shape[0]]
+        diff = (replay - eager_static).abs().max().item()
+        assert torch.equal(replay, eager_static), f"replay differs from eager by {diff}"
+        fb = runner.denoise_batch(slots, batch)
+        ref = runner.forward(fb)
+        assert ref is not None
+        err = ((replay - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, f"relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_capture_failure_runs_eagerly(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    def broken(self: DenoiseGraphs) -> None:
+        raise RuntimeError("capture broke")
+
+    monkeypatch.setattr(DenoiseGraphs, "capture", broken)
+    runner, mask_id = make_runner(tiny_model_dir, device="cuda")
+    assert runner.graphs is None and "CUDA graph capture failed" in caplog.text
+    ids = torch.full((1, K), mask_id, device="cuda")
+    with torch.inference_mode():
+        logits = runner.denoise_forward([1], denoise(ids, [1], [32]))()
+    assert logits.shape == (K, runner.model.config.vocab_size)
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_llada2_mini_shape_graphs(tmp_path: Path) -> None:
+    """Two layers at LLaDA2.0-mini's shapes (GQA 16/4, 256 experts, vocab 157k): a padded
+    bucket (13 -> 16 blocks) and a full one (64) with ~1k-4k prefixes in scattered pages."""
+    folder = build_tiny_checkpoint(tmp_path / "mini", preset="llada2-mini-shape", weights=False,
+                                   num_hidden_layers=2)
+    config = ModelConfig.load(folder)
+    dllm = DllmConfig.build(config, "LowConfidence", None, True)
+    args = ServerArgs(model_path=str(folder), load_format="dummy", device="cuda",
+                      attention_backend="triton", moe_backend="triton", max_running_requests=64,
+                      dllm_wavefront_size=1, context_length=4200, max_total_tokens=64 * 4300)
+    runner = ModelRunner(config, dllm, args)
+    graphs = runner.graphs
+    assert graphs is not None and graphs.buckets[-1] == 64
+    for t in runner.kv.k + runner.kv.v:
+        t.normal_()
+    rng = np.random.default_rng(0)
+    for batch_size in (13, 64):
+        starts = (rng.integers(1000 // K, 4096 // K, batch_size) * K).tolist()
+        need = [s // K + 1 for s in starts]
+        pool = rng.permutation(runner.num_pages)
+        ends = np.cumsum(need)
+        runner.set_pages(list(range(batch_size)), [pool[e - n:e] for e, n in zip(ends, need,
+                                                                                  strict=True)])
+        ids = torch.randint(0, 150000, (batch_size, K), device="cuda")
+        ids[:, ::2] = dllm.mask_id
+        batch = denoise(ids, [1] * batch_size, starts)
+        replay = graphs.prepare(list(range(batch_size)), batch)().clone()
+        static = graphs.forwards[pick_bucket(batch_size, graphs.buckets)]  # type: ignore[index]
+        eager_static = graphs._forward(static)[:replay.shape[0]]
+        diff = (replay - eager_static).abs().max().item()
+        assert torch.equal(replay, eager_static), f"replay differs from eager by {diff}"
+        ref = runner.forward(runner.denoise_batch(list(range(batch_size)), batch))
+        assert ref is not None
+        err = ((replay - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, f"B={batch_size}: relative error {err:.2e} against the eager path"
