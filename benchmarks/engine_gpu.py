@@ -65,6 +65,7 @@ def engine_kwargs(ns: argparse.Namespace, model_path: str, graphs: bool) -> dict
                 attention_backend=backend, moe_backend=backend, dllm_algorithm=ns.algorithm,
                 dllm_fdfo=True, dllm_wavefront_size=ns.wavefront_size,
                 max_running_requests=max(ns.concurrency), context_length=ns.context_length,
+                max_total_tokens=(max(ns.concurrency) + 1) * ns.context_length,
                 disable_cuda_graph=not graphs, log_level="warning")
 
 

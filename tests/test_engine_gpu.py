@@ -92,7 +92,7 @@ PROMPTS = ["Natalia sold clips to 48 of her friends", "The capital of France is"
 def gpu_outputs(model_dir: Path, algorithm: str, **kw: object) -> list[list[int]]:
     with Engine(model_path=str(model_dir), device="cuda", attention_backend="triton",
                 moe_backend="triton", dllm_algorithm=algorithm, max_running_requests=1,
-                log_level="warning", **kw) as e:
+                max_total_tokens=16384, log_level="warning", **kw) as e:
         outs = e.generate(PROMPTS, {"max_new_tokens": 100, "ignore_eos": True})
     return [o["output_ids"] for o in outs]
 

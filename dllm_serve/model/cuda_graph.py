@@ -151,7 +151,7 @@ class DenoiseGraphs:
                     self._forward(static)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=side):  # the warmed-up stream
                 self._forward(static)
             static.graph = graph
         torch.cuda.synchronize()
