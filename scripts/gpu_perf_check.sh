@@ -44,14 +44,14 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/N
 
 # 1. Tests: every kernel test compiled (small shapes + gpu-marked full shapes), then the
 #    gpu-marked graph, dummy-load and engine tests.
-stage tests 220 python3 -m pytest -q -p no:cacheprovider -rs --durations=12 \
+stage tests 240 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=12 \
   tests/test_kernels_attention.py tests/test_kernels_moe.py tests/test_kernels_step.py \
   tests/test_kernels_fused_ops.py tests/test_kernels_moe_sort.py tests/test_kernels_model.py \
   tests/test_cuda_graph.py \
   tests/test_engine_gpu.py
 
 # 2. Roofline: graphs, eager Triton, plain PyTorch; profile tables at B=16, prefix 4k.
-stage roofline 170 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
+stage roofline 160 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
   --out "$RUN/roofline.json"
 
 # 3. The engine end to end with random weights at LLaDA2.0-mini's shapes.
@@ -61,9 +61,14 @@ stage engine 130 python3 benchmarks/engine_gpu.py --concurrency 16 64 --graphs o
 {
   echo "# gpu_perf_check $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo '```'; cat "$RUN/machine.txt"; echo '```'
-  echo "## tests"; echo '```'; tail -n 25 "$RUN/tests.log" 2>/dev/null; echo '```'
+  echo "## tests"; echo '```'
+  grep -E ' (FAILED|ERROR)' "$RUN/tests.log" 2>/dev/null | head -n 20
+  tail -n 20 "$RUN/tests.log" 2>/dev/null; echo '```'
   echo "## roofline"; cat "$RUN/roofline.md" 2>/dev/null || tail -n 30 "$RUN/roofline.log"
   echo; echo "## engine"; echo '```'; grep -E '^graphs=|=== engine' "$RUN/engine.log"; echo '```'
+  echo "## notes"; echo '```'
+  grep -h -i -E 'capture failed|run eagerly|Traceback|Error:' "$RUN"/*.log | sort | uniq -c | head -n 15
+  echo '```'
 } > "$RUN/summary.md" 2>&1
 cp "$RUN/summary.md" "$OUT/"
 for f in tests.log roofline.json engine_gpu.json; do
