@@ -3,8 +3,8 @@
 `route` and `moe_reference` are the plain-PyTorch oracles that fused kernels are tested against.
 Expert weights are stacked: `w13` (E, 2I, hidden) holds each expert's gate rows over its up
 rows, `w2` (E, hidden, I) its down projection. How routed experts are computed is a backend
-chosen by name (`MOE_BACKENDS`: "torch" here, "triton" in dllm_serve.kernels), set on a built
-model with `set_moe_backend`.
+chosen by name (`MOE_BACKENDS`: "torch" and "dense" here, "triton" in dllm_serve.kernels), set on
+a built model with `set_moe_backend`.
 """
 
 from __future__ import annotations
@@ -95,6 +95,26 @@ def moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return combined.to(x.dtype)
 
 
+def moe_dense(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """`moe_reference`'s function computed densely: every expert on every token, no host sync.
+
+    Same arguments and result (up to rounding) as moe_reference. The routing weights are
+    scattered into (T, E), zero for the experts a token did not choose, and scale each
+    expert's SwiGLU activation before the down projection (linear, so the same sum as weighting
+    the outputs); all experts then form one wide SwiGLU: two large matmuls, autograd-friendly,
+    no data-dependent shapes. It costs E / K times the routed FLOPs: the right trade for
+    training small models with few experts, not for serving large ones.
+    """
+    t, e, inter = x.shape[0], w13.shape[0], w2.shape[-1]
+    weights = torch.zeros(t, e, dtype=torch.float32, device=x.device)
+    weights.scatter_(1, topk_ids, topk_weights.float())  # (T, E)
+    h = F.linear(x, w13.reshape(e * 2 * inter, -1)).view(t, e, 2, inter)  # (T, E, 2, I)
+    act = F.silu(h[:, :, 0]) * h[:, :, 1] * weights[:, :, None].to(h.dtype)  # (T, E, I)
+    down = w2.permute(1, 0, 2).reshape(w2.shape[1], e * inter)  # (hidden, E * I)
+    return F.linear(act.reshape(t, e * inter), down).to(x.dtype)
+
+
 class Router(nn.Module):
     """`weight` (E, hidden); `expert_bias` (E,) biases selection only (sigmoid routing)."""
 
@@ -125,6 +145,14 @@ def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.T
     """The reference: `route`, then `moe_reference`."""
     topk_ids, topk_weights = route(router_logits, expert_bias, p)
     return moe_reference(x, w13, w2, topk_ids, topk_weights)
+
+
+@MOE_BACKENDS.register("dense")
+def dense_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
+              p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """`route`, then `moe_dense` (training: no host sync, autograd-friendly)."""
+    topk_ids, topk_weights = route(router_logits, expert_bias, p)
+    return moe_dense(x, w13, w2, topk_ids, topk_weights)
 
 
 class Experts(nn.Module):

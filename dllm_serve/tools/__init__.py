@@ -1,1 +1,2 @@
-"""Developer tools: builders of small checkpoints in the exact HF layout of the real models."""
+"""Developer tools: LLaDA2's checkpoint format (llada2_format), the tiny random checkpoint
+builder, and train/ (training of the small default model)."""
