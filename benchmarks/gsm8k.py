@@ -156,7 +156,7 @@ def details(rows: list[dict[str, Any]], answers: list[Completion]) -> list[dict[
 def config(ns: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     return {**vars(ns), "api_key": "<set>" if ns.api_key else None,
             "backend": "server" if ns.base_url else "engine",
-            "shots_path": str(proto.train_shots_path()) if ns.shots_from == "train" else None,
+            "shots_path": str(proto.TRAIN_PATH) if ns.shots_from == "train" else None,
             "stop": proto.STOP, "temperature": 0.0, "server_info": info}
 
 

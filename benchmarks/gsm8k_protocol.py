@@ -11,7 +11,6 @@ is read from the gold answer the same way (its last number is the one after `###
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DATA_DIR, read_jsonl
@@ -20,6 +19,7 @@ STOP = ["Question", "Assistant:", "<|separator|>"]
 MAX_NEW_TOKENS = 512
 NUM_SHOTS = 5
 NUM_QUESTIONS = 200
+TRAIN_PATH = DATA_DIR / "train.jsonl"
 
 # A minus sign counts only where it cannot be a subtraction: "-10 degrees" is -10, "15-3" ends in 3.
 _INTEGER = re.compile(r"(?<!\d)-?\d+")
@@ -38,18 +38,12 @@ def label(row: dict[str, Any]) -> int:
     return value
 
 
-def train_shots_path() -> Path:
-    """The whole train split if someone shipped it, else its first 20 lines (same prefix)."""
-    full = DATA_DIR / "train.jsonl"
-    return full if full.is_file() else DATA_DIR / "train_first20.jsonl"
-
-
 def load_shots(source: str, k: int, test_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The first k rows of the train split, or (SGLang's quirk) of the test rows being scored."""
     if source == "test":
         rows = test_rows
     elif source == "train":
-        rows = read_jsonl(train_shots_path())
+        rows = read_jsonl(TRAIN_PATH)
     else:
         raise ValueError(f"--shots-from must be train or test, got {source!r}")
     if k > len(rows):
