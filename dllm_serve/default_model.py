@@ -1,18 +1,11 @@
-"""The model served when no --model-path is given.
-
-Until a trained small model ships inside the package, this is a tiny random LLaDA2 checkpoint
-built on first use into a cache folder ($DLLM_SERVE_CACHE, default ~/.cache/dllm-serve).
-"""
+"""The model served when no --model-path is given: the small trained dLLM shipped in the package
+(dllm_serve/assets/default_model/, see its README for how it was trained and how good it is)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 PACKAGED = Path(__file__).parent / "assets" / "default_model"
-TINY_NAME = "default-tiny-v1"
 
 
 def resolve_model_path(path: str | None) -> str:
@@ -20,25 +13,7 @@ def resolve_model_path(path: str | None) -> str:
 
 
 def default_model_path() -> Path:
-    if (PACKAGED / "config.json").is_file():
-        return PACKAGED
-    cache = Path(os.environ.get("DLLM_SERVE_CACHE", Path.home() / ".cache" / "dllm-serve"))
-    target = cache / TINY_NAME
-    if not (target / "config.json").is_file():
-        _build_atomically(target)
-    return target
-
-
-def _build_atomically(target: Path) -> None:
-    from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        build_tiny_checkpoint(tmp, seed=0)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process built it first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not (PACKAGED / "config.json").is_file():
+        raise FileNotFoundError(f"the built-in model is missing from {PACKAGED} (a broken "
+                                f"install?); pass --model-path")
+    return PACKAGED

@@ -65,7 +65,7 @@ def post_in_threads(server: Server, bodies: list[dict]) -> tuple[list, list[thre
 
 def test_health_503_while_loading_then_built_in_model(server: Server) -> None:
     assert 503 in server.health_seen and server.health_seen[-1] == 200
-    assert server.get("/v1/models").json()["data"][0]["id"] == "default-tiny-v1"
+    assert server.get("/v1/models").json()["data"][0]["id"] == "default_model"
 
 
 def test_api_key_required_except_health_and_metrics(server: Server) -> None:
