@@ -24,11 +24,10 @@ KEY = "sk-test-key"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    """No --model-path (the built-in model, built into $DLLM_SERVE_CACHE), an API key, and
-    room for one running and one queued request. The module's last test stops it."""
-    cache = tmp_path_factory.mktemp("cache")
+    """No --model-path (the built-in model shipped in the package), an API key, and room for
+    one running and one queued request. The module's last test stops it."""
     s = start_server(None, "--api-key", KEY, "--max-running-requests", "1",
-                     "--max-queued-requests", "1", env={"DLLM_SERVE_CACHE": str(cache)})
+                     "--max-queued-requests", "1")
     s.headers = {"authorization": f"Bearer {KEY}"}
     yield s
     s.stop()
