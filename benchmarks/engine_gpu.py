@@ -72,6 +72,9 @@ def engine_kwargs(ns: argparse.Namespace, model_path: str, graphs: bool) -> dict
 def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens: int
                     ) -> dict[str, Any]:
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}
+    # Warm-up on the same prompts (prefill shapes included): the first forwards of a new shape
+    # compile Triton kernels for seconds, which would otherwise be timed as GPU idle time.
+    engine.generate(prompts, {**params, "max_new_tokens": 32})
     before = engine.get_server_info()["stats"]
     start = time.monotonic()
     outs = engine.generate(prompts, params)
