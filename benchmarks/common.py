@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -36,7 +37,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--dllm-algorithm", default="LowConfidence")
     parser.add_argument("--dllm-algorithm-config", default=None)
-    parser.add_argument("--attention-backend", default="torch")
+    parser.add_argument("--attention-backend", default="torch", help="torch or triton (CUDA)")
+    parser.add_argument("--moe-backend", default="torch", help="torch or triton (CUDA)")
+    parser.add_argument("--load-format", default="auto",
+                        help="auto, or dummy: random weights at the checkpoint's shapes")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.85, help="GPU only")
     parser.add_argument("--max-total-tokens", type=int, default=None)
     parser.add_argument("--context-length", type=int, default=None)
 
@@ -63,15 +68,17 @@ def mode_name(server_info: dict[str, Any]) -> str:
 
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = ("model_path", "device", "dtype", "dllm_algorithm", "dllm_algorithm_config",
-            "attention_backend", "max_total_tokens", "context_length")
+            "attention_backend", "moe_backend", "load_format", "mem_fraction_static",
+            "max_total_tokens", "context_length")
     return {k: getattr(ns, k) for k in keys}
 
 
 def git_commit() -> str:
-    """HEAD's hash, with "-dirty" when tracked files differ from it; "unknown" outside git."""
+    """HEAD's hash, with "-dirty" when tracked files differ from it. Outside a git checkout (a
+    copied tree on a GPU machine): $DLLM_SERVE_GIT_COMMIT if set, else "unknown"."""
     head = _git("rev-parse", "HEAD")
     if not head:
-        return "unknown"
+        return os.environ.get("DLLM_SERVE_GIT_COMMIT", "unknown")
     return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
