@@ -28,7 +28,7 @@ def align_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a request is equal only to itself
 class Req:
     rid: str
     input_ids: np.ndarray  # (prompt_len,) int64
