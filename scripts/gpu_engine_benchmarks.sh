@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# The engine end to end on one GPU with the built-in trained model (issues 4, 5, 7):
-# sync vs FDFO at max_running_requests 4/16/32, wavefront packing vs lockstep at 1/4/16, and
-# GSM8K (SGLang's protocol) in process. Writes JSON + logs under $OUT (default ./gpu_out).
+# The engine end to end on one GPU with the built-in trained model (issues 4, 5, 7), on the
+# Triton kernels + CUDA graphs (the PyTorch path is launch-bound for a 7M-parameter model on a
+# GPU: the first H200 attempt of these runs hit its time limits):
+#   1. sync vs FDFO at max_running_requests 4/16/32 (GSM8K questions, LowConfidence, W=1);
+#   2. wavefront packing vs lockstep (and W=1 FDFO) at 1/4/16 (JointThreshold, generated problems);
+#   3. GSM8K with SGLang's protocol (200 questions, FDFO, 16 requests, W=1).
+# Writes JSON + logs under $OUT (default ./gpu_out); each stage has its own time limit.
 #
-#   bash scripts/gpu_engine_benchmarks.sh
-#
-# On a machine without pyzmq & co., stage the wheels first (see shared/device/README.md) and
-# put them on PYTHONPATH; this script only runs the benchmarks.
+#   bash scripts/gpu_engine_benchmarks.sh            # device tool: carry [".whl"]
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl 2>&1 | tail -3
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+FAST=(--device cuda --attention-backend triton --moe-backend triton --max-total-tokens 2000000)
+HELD=benchmarks/results/default_model/heldout_seed7_64.jsonl
 status=0
-run() {  # run NAME TIMEOUT CMD...: one stage, its own log; a failure does not stop the rest
+run() {  # run NAME SECONDS CMD...: one stage, its own log; a failure does not stop the rest
   local name=$1 limit=$2; shift 2
   echo "== $name"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "   failed ($?)"; status=1; }
-  tail -n 12 "$OUT/$name.log"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "   exit $?"; status=1; }
+  tr '\r' '\n' < "$OUT/$name.log" | grep -v '%|' | tail -n 14
 }
-run fdfo_vs_sync 150 python3 -m benchmarks.offline_throughput --device cuda --max-total-tokens 2000000 --num-prompts 128 \
+run fdfo_vs_sync 200 python3 -m benchmarks.offline_throughput "${FAST[@]}" --num-prompts 64 \
   --max-new-tokens 128 --modes sync fdfo --max-running-requests 4 16 32 \
   --output "$OUT/fdfo_vs_sync.json"
-run packing_vs_lockstep 150 python3 -m benchmarks.offline_throughput --device cuda --max-total-tokens 2000000 \
-  --num-prompts 96 --max-new-tokens 128 --modes fdfo wavefront lockstep \
-  --max-running-requests 1 4 16 --output "$OUT/packing_vs_lockstep.json"
-run gsm8k 150 python3 -m benchmarks.gsm8k --device cuda --max-total-tokens 2000000 --dllm-wavefront-size 1 \
+run packing_vs_lockstep 200 python3 -m benchmarks.offline_throughput "${FAST[@]}" \
+  --dllm-algorithm JointThreshold --data-path "$HELD" --num-prompts 64 --max-new-tokens 128 \
+  --modes fdfo wavefront lockstep --max-running-requests 1 4 16 \
+  --output "$OUT/packing_vs_lockstep.json"
+run gsm8k 150 python3 -m benchmarks.gsm8k "${FAST[@]}" --dllm-wavefront-size 1 \
   --max-running-requests 16 --num-questions 200 --output "$OUT/gsm8k.json"
 exit $status
