@@ -19,8 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,9 @@ def run_one(ns: argparse.Namespace, prompts: list[str], mode: str, mrr: int) -> 
               "ignore_eos": ns.ignore_eos}
     with Engine(**engine_kwargs(ns), **MODES[mode], max_running_requests=mrr,
                 log_level="warning") as engine:
-        engine.generate(prompts[:1], {**params, "max_new_tokens": 8})  # warm-up
+        # Warm-up on every measured prompt for one block: prefill shapes compile (Triton) and
+        # every batch size the timed runs reach has been seen once.
+        engine.generate(prompts, {**params, "max_new_tokens": 1})
         timed = [timed_run(engine, prompts, params, f"{mode} mrr={mrr} #{i + 1}")
                  for i in range(ns.repeats)]
     outs, wall, stats = min(timed, key=lambda t: t[1])
@@ -81,22 +82,27 @@ def run_one(ns: argparse.Namespace, prompts: list[str], mode: str, mrr: int) -> 
 def timed_run(engine: Any, prompts: list[str], params: dict[str, Any], desc: str) -> Timed:
     before = engine.get_server_info()["stats"]
     t0 = now()
-    outs = generate_with_progress(engine, prompts, params, desc)
-    wall = now() - t0
+    outs, t1 = generate_with_progress(engine, prompts, params, desc)
+    wall = t1 - t0
     after = engine.get_server_info()["stats"]
     return outs, wall, {k: after[k] - before[k] for k in after}
 
 
 def generate_with_progress(engine: Any, prompts: list[str], params: dict[str, Any],
-                           desc: str) -> list[dict[str, Any]]:
+                           desc: str) -> tuple[list[dict[str, Any]], float]:
     """One `generate` call for all prompts (SGLang's offline shape), with a progress bar fed by
-    the number of requests still pending at the front."""
+    the number of requests still pending at the front. Returns the outputs and the clock when
+    `generate` returned (taken in its thread, so the bar's polling does not round it up)."""
+
+    def generate() -> tuple[list[dict[str, Any]], float]:
+        outs = engine.generate(prompts, params)
+        return outs, now()
+
     with ThreadPoolExecutor(max_workers=1) as pool, \
             tqdm(total=len(prompts), desc=desc, unit="req", leave=False) as bar:
-        fut = pool.submit(engine.generate, prompts, params)
+        fut = pool.submit(generate)
         started = False
-        while not fut.done():
-            time.sleep(0.2)
+        while not wait([fut], timeout=0.2).done:
             pending = engine.front.num_pending()
             started = started or pending > 0
             if started:
