@@ -8,8 +8,9 @@ written to a temporary folder unless --model-path is given) and the worker build
 with random weights in memory (`--load-format dummy`). Per engine setting (--graphs on: CUDA
 graphs, off: eager) and per concurrency C, C GSM8K prompts run at once with FDFO, each for
 exactly --max-new-tokens tokens (random weights never converge early: every block takes its
-full ~33 forwards). Reported per run: output tokens/s, rounds/s and denoise forwards/s, and
-the fraction of wall time the device sat idle between rounds.
+full ~33 forwards). `--load-format auto --model-path DIR` runs a real checkpoint instead, and
+`--mode sync` the sync execution mode. Reported per run: output tokens/s, rounds/s and denoise
+forwards/s, and the fraction of wall time the device sat idle between rounds.
 
 Method (dllm_serve/managers/round_trace.py): the worker timestamps every work item (host
 clock, after the item's final host sync) and times every denoise forward with CUDA events. The
@@ -52,6 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--wavefront-size", type=int, default=1)
     p.add_argument("--algorithm", default="LowConfidence")
+    p.add_argument("--mode", default="fdfo", choices=["fdfo", "sync"],
+                   help="execution mode (sync: every block of a round finishes together)")
+    p.add_argument("--load-format", default="dummy", choices=["dummy", "auto"],
+                   help="dummy: random weights from config.json (default); auto: the "
+                   "checkpoint's weights (--model-path; blocks then finish early)")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="every request runs exactly --max-new-tokens tokens")
     p.add_argument("--backend", default=None,
                    help="attention and MoE backend (default: triton on cuda, torch on cpu)")
     p.add_argument("--context-length", type=int, default=1024)
@@ -61,17 +69,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine_kwargs(ns: argparse.Namespace, model_path: str, graphs: bool) -> dict[str, Any]:
     backend = ns.backend or ("triton" if ns.device == "cuda" else "torch")
-    return dict(model_path=model_path, load_format="dummy", device=ns.device,
+    return dict(model_path=model_path, load_format=ns.load_format, device=ns.device,
                 attention_backend=backend, moe_backend=backend, dllm_algorithm=ns.algorithm,
-                dllm_fdfo=True, dllm_wavefront_size=ns.wavefront_size,
+                dllm_fdfo=ns.mode == "fdfo", dllm_wavefront_size=ns.wavefront_size,
                 max_running_requests=max(ns.concurrency), context_length=ns.context_length,
                 max_total_tokens=(max(ns.concurrency) + 1) * ns.context_length,
                 disable_cuda_graph=not graphs, log_level="warning")
 
 
-def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens: int
-                    ) -> dict[str, Any]:
-    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}
+def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens: int,
+                    ignore_eos: bool = True) -> dict[str, Any]:
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "temperature": 0.0}
     # Warm-up on the same prompts (prefill shapes included): the first forwards of a new shape
     # compile Triton kernels for seconds, which would otherwise be timed as GPU idle time.
     engine.generate(prompts, {**params, "max_new_tokens": 32})
@@ -101,8 +109,9 @@ def run_engine(ns: argparse.Namespace, model_path: str, graphs: bool, trace_dir:
         engine.generate(["warm up"], {"max_new_tokens": 32, "ignore_eos": True})
         rows = []
         for c in concurrency:
-            row = run_concurrency(engine, trace, gsm8k_questions(c, seed=c), ns.max_new_tokens)
-            rows.append({"graphs": graphs, "graphs_active": worker["cuda_graphs"],
+            row = run_concurrency(engine, trace, gsm8k_questions(c, seed=c), ns.max_new_tokens,
+                                  ns.ignore_eos)
+            rows.append({"mode": ns.mode, "graphs": graphs, "graphs_active": worker["cuda_graphs"],
                          "graph_buckets": worker["graph_buckets"], "startup_s": startup, **row})
             print_row(rows[-1])
     del os.environ[TRACE_ENV]
@@ -111,7 +120,8 @@ def run_engine(ns: argparse.Namespace, model_path: str, graphs: bool, trace_dir:
 
 def print_row(r: dict[str, Any]) -> None:
     active = "" if r["graphs_active"] == r["graphs"] else " (capture failed: eager)"
-    print(f"graphs={'on ' if r['graphs'] else 'off'}{active} C={r['concurrency']:3d}: "
+    print(f"{r['mode']} graphs={'on ' if r['graphs'] else 'off'}{active} "
+          f"C={r['concurrency']:3d}: "
           f"{r['output_tokens_per_s']:8.1f} tok/s  {r.get('rounds_per_s', 0):6.2f} rounds/s  "
           f"{r.get('forwards_per_s', 0):7.1f} fwd/s  idle {100 * r.get('idle_fraction', 0):5.2f}%"
           f"  fwd {r.get('forward_ms_mean', 0):7.2f} ms  host/fwd "

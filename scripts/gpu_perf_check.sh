@@ -6,6 +6,12 @@
 # at 16 for comparison). Each stage has its own time limit and runs whatever the one before did.
 #
 #   bash scripts/gpu_perf_check.sh          # device tool: carry [".whl"]
+#   STAGES="tests engine engine_default attention" TESTS=tests/test_engine_gpu.py \
+#     bash scripts/gpu_perf_check.sh         # a subset of the stages / of the tests
+#
+# Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
+# and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
+# the attention kernel's launch sweep (benchmarks/attention_tune.py).
 #
 # The GPU image lacks pyzmq (the engine's IPC): wheels staged here by
 # ../shared/device/stage-wheels.sh travel in .whl and are installed into /tmp/site.
@@ -23,9 +29,14 @@ if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 status=0
+STAGES=${STAGES:-tests roofline engine}
+TESTS=${TESTS:-tests/test_kernels_attention.py tests/test_kernels_moe.py tests/test_kernels_step.py \
+  tests/test_kernels_fused_ops.py tests/test_kernels_moe_sort.py tests/test_kernels_model.py \
+  tests/test_cuda_graph.py tests/test_engine_gpu.py}
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/NAME.log
   local name=$1 limit=$2
   shift 2
+  [[ " $STAGES " == *" $name "* ]] || return 0
   echo "=== $name (limit ${limit}s): $*"
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$RUN/$name.log"
@@ -44,19 +55,25 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/N
 
 # 1. Tests: every kernel test compiled (small shapes + gpu-marked full shapes), then the
 #    gpu-marked graph, dummy-load and engine tests.
-stage tests 240 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=12 \
-  tests/test_kernels_attention.py tests/test_kernels_moe.py tests/test_kernels_step.py \
-  tests/test_kernels_fused_ops.py tests/test_kernels_moe_sort.py tests/test_kernels_model.py \
-  tests/test_cuda_graph.py \
-  tests/test_engine_gpu.py
+# shellcheck disable=SC2086  # TESTS is a list of paths
+stage tests 240 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=12 $TESTS
 
 # 2. Roofline: graphs, eager Triton, plain PyTorch; profile tables at B=16, prefix 4k.
 stage roofline 160 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
   --out "$RUN/roofline.json"
 
 # 3. The engine end to end with random weights at LLaDA2.0-mini's shapes.
-stage engine 130 python3 benchmarks/engine_gpu.py --concurrency 16 64 --graphs on off \
+stage engine 200 python3 benchmarks/engine_gpu.py --concurrency 16 64 --graphs on off \
   --eager-concurrency 16 --max-new-tokens 128 --out "$RUN/engine_gpu.json"
+
+# 4. (optional) The built-in trained model end to end, FDFO then sync: rounds, forwards, idle.
+DEFAULT_MODEL=dllm_serve/assets/default_model
+stage engine_default 120 bash -c "for m in fdfo sync; do python3 benchmarks/engine_gpu.py \
+  --model-path $DEFAULT_MODEL --load-format auto --no-ignore-eos --mode \$m --concurrency 4 16 32 \
+  --max-new-tokens 128 --out $RUN/engine_default_\$m.json || exit 1; done"
+
+# 5. (optional) The attention kernel's launch sweep at B=16/32, prefix ~4k.
+stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_tune.json"
 
 {
   echo "# gpu_perf_check $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -65,13 +82,15 @@ stage engine 130 python3 benchmarks/engine_gpu.py --concurrency 16 64 --graphs o
   grep -E ' (FAILED|ERROR)' "$RUN/tests.log" 2>/dev/null | head -n 20
   tail -n 20 "$RUN/tests.log" 2>/dev/null; echo '```'
   echo "## roofline"; cat "$RUN/roofline.md" 2>/dev/null || tail -n 30 "$RUN/roofline.log"
-  echo; echo "## engine"; echo '```'; grep -E '^graphs=|=== engine' "$RUN/engine.log"; echo '```'
+  echo; echo "## engine"; echo '```'
+  grep -h -E '^(fdfo|sync) graphs=|=== engine' "$RUN"/engine*.log; echo '```'
+  echo "## attention"; echo '```'; grep -h -E '^best|=== attention' "$RUN/attention.log"; echo '```'
   echo "## notes"; echo '```'
   grep -h -i -E 'capture failed|run eagerly|Traceback|Error:' "$RUN"/*.log | sort | uniq -c | head -n 15
   echo '```'
 } > "$RUN/summary.md" 2>&1
 cp "$RUN/summary.md" "$OUT/"
-for f in tests.log roofline.json engine_gpu.json; do
+for f in tests.log roofline.json engine_gpu.json attention_tune.json; do
   [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
 done
 tar -czf "$OUT/all.tar.gz" -C "$RUN" .

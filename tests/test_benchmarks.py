@@ -239,3 +239,19 @@ def test_runs_as_a_script_with_help(script: str) -> None:
                          capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout
+
+
+def test_attention_tune_matches_the_default_launch() -> None:
+    """The sweep runs the kernel (interpreted on the CPU) under each launch configuration and
+    every configuration's output equals the default one's; the module constants come back."""
+    from benchmarks import attention_tune
+    from dllm_serve.kernels import block_attention as ba
+
+    before = (ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES)
+    result = attention_tune.main(["--device", "cpu", "--batch-sizes", "2", "--prefixes", "64",
+                                  "--block-m", "64", "128", "--block-n", "32", "--warps", "4",
+                                  "--stages", "2", "--programs-per-sm", "1", "--iters", "1"])
+    rows = result["rows"]
+    assert len(rows) == 2 and all("error" not in r for r in rows)
+    assert all(r["max_abs_err"] < 0.05 and r["us"] > 0 for r in rows)
+    assert (ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES) == before

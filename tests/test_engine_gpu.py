@@ -67,6 +67,18 @@ def test_engine_benchmark_on_the_cpu(tmp_path: Path) -> None:
     assert run["rounds_per_s"] > 0 and run["output_tokens_per_s"] > 0
 
 
+def test_engine_benchmark_sync_on_a_real_checkpoint(tiny_model_dir: Path) -> None:
+    """--load-format auto runs the checkpoint's weights and --mode sync the sync mode; the
+    result records both."""
+    result = engine_gpu.main(["--model-path", str(tiny_model_dir), "--load-format", "auto",
+                              "--mode", "sync", "--device", "cpu", "--concurrency", "2",
+                              "--max-new-tokens", "32"])
+    run = result["runs"][0]
+    assert result["config"]["load_format"] == "auto" and run["mode"] == "sync"
+    assert run["concurrency"] == 2 and run["output_tokens"] == 64
+    assert run["forwards"] >= run["rounds"] >= 1
+
+
 def test_trace_file_is_written_by_the_worker(no_weights_dir: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     trace = tmp_path / "trace.jsonl"

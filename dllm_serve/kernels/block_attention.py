@@ -29,6 +29,8 @@ from dllm_serve.kernels.triton_utils import dot
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows (tokens x grouped heads) per tile
 BLOCK_N = 64  # keys per inner step
+NUM_WARPS = 8
+NUM_STAGES = 2
 TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_len, token offset)
 
 
@@ -102,7 +104,7 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v_cache.stride(0), v_cache.stride(1), out.stride(0), req_to_page.stride(0), t,
         NUM_HEADS=h, G=h // kvh, TQ=plan.tokens_per_tile, HEAD_DIM=d, PAGE=page_size,
         BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(), num_warps=8, num_stages=2)
+        BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if split:
         rows = 64
         _combine_kernel[(cdiv(t * h, rows),)](

@@ -1,0 +1,141 @@
+"""Launch-configuration sweep of the block-diffusion attention kernel at LLaDA2.0-mini's shapes.
+
+    python benchmarks/attention_tune.py --out results/attention_tune.json
+
+One layer's attention for a denoise round: B blocks of 32 query tokens, 16 query heads over 4
+KV heads of 128, each request's prefix drawn in [0.9 P, P], pages scattered in the pool. Per
+launch configuration (query rows per tile, keys per step, warps, pipeline stages, key-range
+splits) it reports the median time (CUDA events) and the achieved KV bandwidth and FLOP rate,
+and checks the output against the default configuration's. The kernel's launch constants are
+module globals (kernels/block_attention.py, PROGRAMS_PER_SM in triton_attention.py); this
+script sets them for each row and restores them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import write_json
+from benchmarks.round_roofline import time_ms
+from dllm_serve.kernels import block_attention as ba
+from dllm_serve.kernels import triton_attention as ta
+from dllm_serve.kernels.runtime import cdiv, num_sms
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK, PAGE = 16, 4, 128, 32, 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32])
+    p.add_argument("--prefixes", type=int, nargs="+", default=[4096])
+    p.add_argument("--block-m", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--stages", type=int, nargs="+", default=[2, 3])
+    p.add_argument("--programs-per-sm", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default=None, help="JSON results")
+    return p.parse_args(argv)
+
+
+class Case:
+    """One round's attention inputs: q (T, H, D), caches (slots, KVH, D), scattered pages."""
+
+    def __init__(self, batch: int, prefix: int, device: torch.device) -> None:
+        rng = np.random.default_rng(batch * 31 + prefix)
+        low = int(0.9 * prefix) // BLOCK
+        self.prefixes = (rng.integers(low, prefix // BLOCK + 1, batch) * BLOCK).tolist()
+        pages = [cdiv(p + BLOCK, PAGE) for p in self.prefixes]
+        width = max(pages)
+        pool = rng.permutation(sum(pages))
+        table = np.zeros((batch, width), dtype=np.int64)
+        ends = np.cumsum(pages)
+        for b, (end, n) in enumerate(zip(ends, pages, strict=True)):
+            table[b, :n] = pool[end - n:end]
+        gen = torch.Generator(device="cpu").manual_seed(batch + prefix)
+        slots = sum(pages) * PAGE
+        self.k = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
+        self.v = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
+        self.q = torch.randn(batch * BLOCK, HEADS, HEAD_DIM, generator=gen).to(device,
+                                                                             torch.bfloat16)
+        self.table = torch.from_numpy(table).to(device)
+        self.seg_req = torch.arange(batch, device=device)
+        self.device = device
+        keys = sum(p + BLOCK for p in self.prefixes)
+        self.kv_bytes = 2 * keys * KV_HEADS * HEAD_DIM * 2
+        self.flops = 4 * BLOCK * HEADS * HEAD_DIM * keys  # QK^T and PV over visible keys
+
+    def run(self, splits: int) -> torch.Tensor:
+        plan = ba.plan_block_attention(self.prefixes, [BLOCK] * len(self.prefixes), BLOCK,
+                                       HEADS, KV_HEADS, HEAD_DIM, splits, self.device)
+        return ba.block_attention(self.q, self.k, self.v, self.table, self.seg_req, plan, PAGE,
+                                  HEAD_DIM ** -0.5)
+
+
+def set_launch(block_m: int, block_n: int, warps: int, stages: int) -> None:
+    ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES = block_m, block_n, warps, stages
+
+
+def sweep_case(ns: argparse.Namespace, case: Case, sms: int) -> list[dict[str, Any]]:
+    default = (ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES)
+    tiles = len(case.prefixes) * cdiv(BLOCK, ba.tokens_per_tile(HEADS // KV_HEADS))
+    reference = case.run(ta.choose_num_splits(tiles, KV_HEADS, sms)).float()
+    default_pps = ta.PROGRAMS_PER_SM
+    rows = []
+    grid = itertools.product(ns.block_m, ns.block_n, ns.warps, ns.stages, ns.programs_per_sm)
+    for block_m, block_n, warps, stages, pps in grid:
+        set_launch(block_m, block_n, warps, stages)
+        tiles = len(case.prefixes) * cdiv(BLOCK, ba.tokens_per_tile(HEADS // KV_HEADS))
+        ta.PROGRAMS_PER_SM = pps
+        splits = ta.choose_num_splits(tiles, KV_HEADS, sms)
+        row = {"batch": len(case.prefixes), "prefix": max(case.prefixes), "block_m": block_m,
+               "block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps,
+               "splits": splits}
+        try:
+            out = case.run(splits)
+            row["max_abs_err"] = (out.float() - reference).abs().max().item()
+            row["us"] = 1e3 * time_ms(lambda s=splits: case.run(s), 3, ns.iters, case.device)
+            row["kv_tb_s"] = case.kv_bytes / (row["us"] * 1e-6) / 1e12
+            row["tflop_s"] = case.flops / (row["us"] * 1e-6) / 1e12
+        except Exception as exc:  # a configuration the compiler or the device refuses
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(row)
+        print(row, flush=True)
+    set_launch(*default)
+    ta.PROGRAMS_PER_SM = default_pps
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ns = parse_args(argv)
+    device = torch.device(ns.device)
+    sms = num_sms(device)
+    rows = []
+    with torch.inference_mode():
+        for batch, prefix in itertools.product(ns.batch_sizes, ns.prefixes):
+            rows += sweep_case(ns, Case(batch, prefix, device), sms)
+    for batch, prefix in itertools.product(ns.batch_sizes, ns.prefixes):
+        ok = [r for r in rows if r["batch"] == batch and "us" in r and r["max_abs_err"] < 0.05]
+        if ok:
+            best = min(ok, key=lambda r: r["us"])
+            print(f"best B={batch} P~{prefix}: {best}")
+    result = {"benchmark": "attention_tune", "config": vars(ns), "rows": rows,
+              "default": {"block_m": ba.BLOCK_M, "block_n": ba.BLOCK_N, "warps": ba.NUM_WARPS,
+                          "stages": ba.NUM_STAGES}}
+    write_json(ns.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
