@@ -5,10 +5,11 @@
 One layer's attention for a denoise round: B blocks of 32 query tokens, 16 query heads over 4
 KV heads of 128, each request's prefix drawn in [0.9 P, P], pages scattered in the pool. Per
 launch configuration (query rows per tile, keys per step, warps, pipeline stages, key-range
-splits) it reports the median time (CUDA events) and the achieved KV bandwidth and FLOP rate,
-and checks the output against the default configuration's. The kernel's launch constants are
-module globals (kernels/block_attention.py, PROGRAMS_PER_SM in triton_attention.py); this
-script sets them for each row and restores them.
+splits) it reports the time per launch (median over --iters of --launches back-to-back
+launches between CUDA events, the plan built beforehand, as in a CUDA graph) and the achieved
+KV bandwidth and FLOP rate, and checks the output against the default configuration's. The
+kernel's launch constants are module globals (kernels/block_attention.py, PROGRAMS_PER_SM in
+triton_attention.py); this script sets them for each row and restores them.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[2, 3])
     p.add_argument("--programs-per-sm", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20, help="timed repetitions (median)")
+    p.add_argument("--launches", type=int, default=20, help="back-to-back launches per timing")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None, help="JSON results")
     return p.parse_args(argv)
@@ -76,11 +78,17 @@ class Case:
         self.kv_bytes = 2 * keys * KV_HEADS * HEAD_DIM * 2
         self.flops = 4 * BLOCK * HEADS * HEAD_DIM * keys  # QK^T and PV over visible keys
 
-    def run(self, splits: int) -> torch.Tensor:
-        plan = ba.plan_block_attention(self.prefixes, [BLOCK] * len(self.prefixes), BLOCK,
+    def plan(self, splits: int) -> ba.BlockAttnPlan:
+        return ba.plan_block_attention(self.prefixes, [BLOCK] * len(self.prefixes), BLOCK,
                                        HEADS, KV_HEADS, HEAD_DIM, splits, self.device)
-        return ba.block_attention(self.q, self.k, self.v, self.table, self.seg_req, plan, PAGE,
-                                  HEAD_DIM ** -0.5)
+
+    def run(self, plan: ba.BlockAttnPlan, launches: int = 1) -> torch.Tensor:
+        """The attention (and split-K combine) `launches` times back to back: the device queue
+        stays full, so the time per launch is the kernels' and not the host's."""
+        for _ in range(launches):
+            out = ba.block_attention(self.q, self.k, self.v, self.table, self.seg_req, plan,
+                                     PAGE, HEAD_DIM ** -0.5)
+        return out
 
 
 def set_launch(block_m: int, block_n: int, warps: int, stages: int) -> None:
@@ -90,7 +98,7 @@ def set_launch(block_m: int, block_n: int, warps: int, stages: int) -> None:
 def sweep_case(ns: argparse.Namespace, case: Case, sms: int) -> list[dict[str, Any]]:
     default = (ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES)
     tiles = len(case.prefixes) * cdiv(BLOCK, ba.tokens_per_tile(HEADS // KV_HEADS))
-    reference = case.run(ta.choose_num_splits(tiles, KV_HEADS, sms)).float()
+    reference = case.run(case.plan(ta.choose_num_splits(tiles, KV_HEADS, sms))).float()
     default_pps = ta.PROGRAMS_PER_SM
     rows = []
     grid = itertools.product(ns.block_m, ns.block_n, ns.warps, ns.stages, ns.programs_per_sm)
@@ -103,9 +111,10 @@ def sweep_case(ns: argparse.Namespace, case: Case, sms: int) -> list[dict[str, A
                "block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps,
                "splits": splits}
         try:
-            out = case.run(splits)
-            row["max_abs_err"] = (out.float() - reference).abs().max().item()
-            row["us"] = 1e3 * time_ms(lambda s=splits: case.run(s), 3, ns.iters, case.device)
+            plan = case.plan(splits)
+            row["max_abs_err"] = (case.run(plan).float() - reference).abs().max().item()
+            ms = time_ms(lambda plan=plan: case.run(plan, ns.launches), 3, ns.iters, case.device)
+            row["us"] = 1e3 * ms / ns.launches
             row["kv_tb_s"] = case.kv_bytes / (row["us"] * 1e-6) / 1e12
             row["tflop_s"] = case.flops / (row["us"] * 1e-6) / 1e12
         except Exception as exc:  # a configuration the compiler or the device refuses

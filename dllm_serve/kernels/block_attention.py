@@ -104,7 +104,8 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v_cache.stride(0), v_cache.stride(1), out.stride(0), req_to_page.stride(0), t,
         NUM_HEADS=h, G=h // kvh, TQ=plan.tokens_per_tile, HEAD_DIM=d, PAGE=page_size,
         BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(), num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
     if split:
         rows = 64
         _combine_kernel[(cdiv(t * h, rows),)](
