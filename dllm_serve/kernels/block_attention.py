@@ -28,9 +28,13 @@ from dllm_serve.kernels.triton_utils import dot
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows (tokens x grouped heads) per tile
-BLOCK_N = 64  # keys per inner step
+# Keys per inner step, warps and pipeline stages: the fastest launch at B=16 and 32, prefix ~4k,
+# LLaDA2.0-mini's heads that keeps BLOCK_M = 128 (8 query heads per KV head still fit), from
+# benchmarks/attention_tune.py on an H200 (results/h200/attention_tune.json): 83 / 144 us per
+# layer against 108 / 189 us for the previous (64 keys, 8 warps, 2 stages).
+BLOCK_N = 32
 NUM_WARPS = 8
-NUM_STAGES = 2
+NUM_STAGES = 3
 TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_len, token offset)
 
 
