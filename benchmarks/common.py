@@ -74,11 +74,14 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def git_commit() -> str:
-    """HEAD's hash, with "-dirty" when tracked files differ from it. Outside a git checkout (a
-    copied tree on a GPU machine): $DLLM_SERVE_GIT_COMMIT if set, else "unknown"."""
+    """$DLLM_SERVE_GIT_COMMIT when set (a tree copied to a GPU machine, whose own git metadata
+    may be stale or absent); else HEAD's hash, with "-dirty" when tracked files differ from it;
+    "unknown" outside a git checkout."""
+    if os.environ.get("DLLM_SERVE_GIT_COMMIT"):
+        return os.environ["DLLM_SERVE_GIT_COMMIT"]
     head = _git("rev-parse", "HEAD")
     if not head:
-        return os.environ.get("DLLM_SERVE_GIT_COMMIT", "unknown")
+        return "unknown"
     return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
