@@ -80,9 +80,10 @@ def engine_kwargs(ns: argparse.Namespace, model_path: str, graphs: bool) -> dict
 def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens: int,
                     ignore_eos: bool = True) -> dict[str, Any]:
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "temperature": 0.0}
-    # Warm-up on the same prompts (prefill shapes included): the first forwards of a new shape
-    # compile Triton kernels for seconds, which would otherwise be timed as GPU idle time.
-    engine.generate(prompts, {**params, "max_new_tokens": 32})
+    # Warm-up: the measured call itself, once. The first forwards of a new shape compile Triton
+    # kernels for seconds; a one-block warm-up on the same prompts left the timed run's prefill
+    # compiling on an H200 (17 s of an 18.7 s span; results/h200/perf/engine_gpu_repeat.json).
+    engine.generate(prompts, params)
     before = engine.get_server_info()["stats"]
     start = time.monotonic()
     outs = engine.generate(prompts, params)
