@@ -6,13 +6,16 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# max_new_tokens when a request leaves it out (SGLang's); the front lowers it to what fits.
+DEFAULT_MAX_NEW_TOKENS = 128
 KNOWN_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "stop_token_ids", "ignore_eos",
               "seed", "dllm")
 
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 128
+    # None: DEFAULT_MAX_NEW_TOKENS, or fewer if fewer fit (set by the front's validate()).
+    max_new_tokens: int | None = None
     temperature: float = 0.0  # 0 = greedy; > 0 samples with the algorithm's noise rule
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -40,8 +43,8 @@ class SamplingParams:
         """Raise ValueError with a user-facing message if a value is out of range."""
         _check(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        _check(_is_num(self.temperature) and math.isfinite(self.temperature)
-               and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
+        _check(is_finite_number(self.temperature) and self.temperature >= 0,
+               f"temperature must be >= 0, got {self.temperature!r}")
         _check(_is_num(self.top_p) and 0 < self.top_p <= 1,
                f"top_p must be in (0, 1], got {self.top_p!r}")
         _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
@@ -63,6 +66,15 @@ def _is_int(x: object) -> bool:
 
 def _is_num(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def is_finite_number(x: object) -> bool:
+    """An int or float (not a bool) that is finite as a float: NaN, +-inf and ints past the
+    float range (JSON allows 1e999 and 10**400) are not."""
+    try:
+        return _is_num(x) and math.isfinite(x)  # type: ignore[arg-type]
+    except OverflowError:
+        return False
 
 
 def _check(ok: bool, message: str) -> None:

@@ -216,6 +216,22 @@ def test_validate_request_params() -> None:
         LowConfidence.validate_request_params({"threshold": "high"})
 
 
+@pytest.mark.parametrize("values,match", [
+    ({"threshold": float("nan")}, "must be a number"),
+    ({"threshold": float("inf")}, "must be a number"),
+    ({"threshold": 10**400}, "must be a number"),  # JSON's big ints: float() would overflow
+    ({"threshold": 1.5}, r"dllm_threshold: .*\[0, 1\]"),
+    ({"threshold": -0.1}, r"dllm_threshold: .*\[0, 1\]"),
+])
+def test_request_params_are_range_checked_like_the_config(values: dict, match: str) -> None:
+    """Regression: per-request settings skipped the config's checks (NaN and 1.5 were served,
+    a huge int was a 500)."""
+    with pytest.raises(ValueError, match=match):
+        LowConfidence.validate_request_params(values)
+    with pytest.raises(ValueError, match="edit_threshold"):
+        JointThreshold.validate_request_params({"edit_threshold": -1})
+
+
 def test_sampling_is_seeded_and_greedy_by_default() -> None:
     algo = low_conf(threshold=0.0, k=8)
     flat = torch.randn(8, V, generator=torch.Generator().manual_seed(0))

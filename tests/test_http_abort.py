@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from http_helpers import Server, pools_whole, shared_server
+from prometheus_client.parser import text_string_to_metric_families
 
 ENDLESS = {"max_new_tokens": 3000, "ignore_eos": True}  # longer than any test waits
 
@@ -96,3 +97,29 @@ def test_disconnect_while_queued_or_before_first_block(server: Server) -> None:
             r.read()
     pools_whole(server)
     assert aborts_logged(server) == before + 1
+
+
+def request_counters(server: Server) -> dict[str, float]:
+    text = server.get("/metrics").text
+    return {f"{s.name}{s.labels.get('finish_reason', '')}": s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name in ("dllm:num_requests_total", "dllm:prompt_tokens_total")}
+
+
+def test_client_that_left_is_counted_in_metrics(server: Server) -> None:
+    """Regression (found by the soak test): a request whose client left mid-stream was missing
+    from dllm:num_requests_total and the prompt-token counter, which only saw what the client
+    had read; it is counted once, as aborted."""
+    before = request_counters(server)
+    body = {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as r:
+        first_event(r.iter_lines())
+    pools_whole(server)
+    deadline = time.monotonic() + 10
+    while (after := request_counters(server)).get("dllm:num_requests_totalabort", 0) == \
+            before.get("dllm:num_requests_totalabort", 0):
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
+    assert after["dllm:num_requests_totalabort"] == before.get(
+        "dllm:num_requests_totalabort", 0) + 1
+    assert after["dllm:prompt_tokens_total"] == before.get("dllm:prompt_tokens_total", 0) + 3

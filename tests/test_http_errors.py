@@ -101,6 +101,41 @@ def test_malformed_or_non_object_body_is_400(server: Server, raw: bytes) -> None
         assert_error(r, 400)
 
 
+BIG = "1" + "0" * 400  # an int past the float range
+
+
+@pytest.mark.parametrize("path,raw,words", [
+    (CMPL, "[" * 60_000, ["nests deeper"]),  # json.loads: RecursionError
+    (CMPL, '{"prompt": ' + "[" * 70 + "1" + "]" * 70 + "}", ["nests deeper"]),
+    (CMPL, '{"prompt": "a\\ud800b"}', ["surrogate"]),
+    (CMPL, '{"prompt": "a", "model": "\\udc00"}', ["surrogate"]),
+    (CHAT, '{"messages": [{"role": "user", "content": "\\ud83d"}]}', ["surrogate"]),
+    ("/generate", '{"text": "\\udfff"}', ["surrogate"]),
+    (CMPL, b'{"prompt": "\xed\xa0\x80"}', ["UTF-8"]),  # a surrogate encoded in UTF-8
+    ("/generate", '{"text": "a", "sampling_params": {"temperature": ' + BIG + "}}",
+     ["temperature"]),
+    (CMPL, '{"prompt": "a", "dllm_threshold": ' + BIG + "}", ["dllm_threshold"]),
+    (CMPL, '{"prompt": "a", "dllm_threshold": NaN}', ["dllm_threshold"]),
+    (CMPL, '{"prompt": "a", "dllm_threshold": 1.5}', ["dllm_threshold"]),
+    ("/generate", '{"text": "a", "rid": ""}', ["rid"]),
+    ("/abort_request", '{"rid": ""}', ["rid"]),
+], ids=lambda v: v[:40] if isinstance(v, str) else None)
+def test_hostile_bodies_are_400(server: Server, path: str, raw: str | bytes,
+                                words: list[str]) -> None:
+    """Regressions found by tests/stress: each of these was a 500 (or, for an empty rid, a
+    request that could not be aborted; for a threshold out of range, one that was served)."""
+    content = raw.encode() if isinstance(raw, str) else raw
+    r = httpx.post(server.url(path), content=content, timeout=30,
+                   headers={"content-type": "application/json"})
+    assert_error(r, 400, *words)
+
+
+def test_escaped_surrogate_pairs_are_fine(server: Server) -> None:
+    r = httpx.post(server.url(CMPL), content=b'{"prompt": "\\ud83d\\ude00", "max_tokens": 1}',
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
 def test_wrong_content_type_is_400(server: Server) -> None:
     r = httpx.post(server.url(CMPL), content=json.dumps({"prompt": "x"}), timeout=30,
                    headers={"content-type": "text/plain"})
@@ -132,6 +167,17 @@ def test_native_errors(server: Server) -> None:
                  "return_logprob")
     assert_error(server.post("/generate", {"text": "a", "rid": ["x", "y"]}), 400, "rid")
     assert_error(server.post("/abort_request", {}), 400, "rid")
+
+
+def test_left_out_max_tokens_fit_the_context(server: Server) -> None:
+    """Regression: a prompt near the context length with max_tokens left out was a 400 for
+    the default's 16 (completions) or 128 (/generate) tokens; the default is cut to what fits
+    (an explicit value that does not fit is still a 400, above)."""
+    r = server.post(CMPL, {"prompt": [5] * 4090, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
+    r = server.post("/generate", {"input_ids": [5] * 4000, "sampling_params": {
+        "ignore_eos": True, "max_new_tokens": None}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 96, r.text
 
 
 def test_openai_client_raises_bad_request(server: Server) -> None:

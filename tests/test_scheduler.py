@@ -204,16 +204,22 @@ def test_abort_in_every_state_frees_everything() -> None:
 
 
 def test_queue_limit_and_never_fits_are_rejected() -> None:
+    """One running + one queued: a burst that reaches an idle scheduler at once admits what
+    can start before counting the queue (regression: "b" was refused as "queue full" while
+    "a" could start, so an idle server refused the second of two requests)."""
     s = make(FakeWorker(), mrr=1, pages=4, queue=1)
     submit(s, "huge", 4, 100)
     submit(s, "a", 2, 4)
     submit(s, "b", 2, 4)
+    submit(s, "c", 2, 4)
     out = {o.rid: o for o in s.take_outputs()}
     assert out["huge"].finish_reason["status_code"] == 400
     assert "KV pool" in out["huge"].finish_reason["message"]
-    assert out["b"].finish_reason["status_code"] == 503
+    assert set(out) == {"huge", "c"} and out["c"].finish_reason["status_code"] == 503
+    assert [r.rid for r in s.running] == ["a"] and [r.rid for r in s.waiting] == ["b"]
     outs = run_all(s)
     assert outs["a"][-1].finish_reason["type"] == "length"
+    assert outs["b"][-1].finish_reason["type"] == "length"
 
 
 def test_request_waits_for_memory_then_completes() -> None:

@@ -50,7 +50,9 @@ class Generation:
 
     Invariants: every choice is validated before any is submitted, so a rejected request leaves
     nothing running; `close()` (end of stream, error, client gone, cancellation) aborts every
-    choice that has not finished, so the engine frees its KV pages and request slot.
+    choice that has not finished, so the engine frees its KV pages and request slot. The
+    observer sees every update as it arrives, also after the HTTP side stopped reading, so a
+    request whose client left is still counted (with the abort that ends it).
     """
 
     def __init__(self, front: TokenizerManager, choices: list[Choice],
@@ -81,11 +83,16 @@ class Generation:
         def deliver(out: GenOutput) -> None:  # on the front's receiver thread
             update = Update(index, out, time.monotonic())
             try:
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
+                self.loop.call_soon_threadsafe(self._arrived, update)
             except RuntimeError:  # the loop is closed: the server is exiting
                 pass
 
         return deliver
+
+    def _arrived(self, update: Update) -> None:  # in the event loop
+        if self.observer is not None:
+            self.observer.on_update(update)
+        self.queue.put_nowait(update)
 
     async def updates(self) -> AsyncIterator[Update]:
         """Every update of every choice until all have finished; closes itself at the end."""
@@ -94,8 +101,6 @@ class Generation:
                 update = await self.queue.get()
                 if update.out.finished:
                     self.unfinished.discard(update.index)
-                if self.observer is not None:
-                    self.observer.on_update(update)
                 yield update
         finally:
             self.close()

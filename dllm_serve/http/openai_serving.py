@@ -25,6 +25,7 @@ from dllm_serve.http.bridge import Choice, Generation, Update, until_disconnecte
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
 from dllm_serve.http.protocol import (
+    COMPLETION_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
@@ -58,7 +59,8 @@ async def create_completion(ctx: ServerContext, request: Request, body: bytes) -
     ctx.check_model(req.model)
     front = ctx.require_front()
     prompts = [p if isinstance(p, list) else front.tokenize(p) for p in prompt_batch(req.prompt)]
-    return await _serve(ctx, request, req, prompts, req.max_tokens, chat=False)
+    default = None if "max_tokens" in req.model_fields_set else COMPLETION_MAX_TOKENS
+    return await _serve(ctx, request, req, prompts, req.max_tokens, default, chat=False)
 
 
 async def create_chat_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
@@ -70,11 +72,14 @@ async def create_chat_completion(ctx: ServerContext, request: Request, body: byt
     except (ValueError, JinjaError) as e:
         raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    return await _serve(ctx, request, req, [front.tokenize(text)], max_tokens, chat=True)
+    return await _serve(ctx, request, req, [front.tokenize(text)], max_tokens, None, chat=True)
 
 
 async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
-                 prompts: list[list[int]], max_tokens: int | None, chat: bool) -> Response:
+                 prompts: list[list[int]], max_tokens: int | None, default: int | None,
+                 chat: bool) -> Response:
+    """max_tokens: as asked, or when None the route's default (None: no limit) cut to what
+    fits, so that leaving it out never fails; an explicit value that cannot fit is a 400."""
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed with stream=true",
                            param="stream_options")
@@ -82,11 +87,12 @@ async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
     prefix = "chatcmpl" if chat else "cmpl"
     head = Head(f"{prefix}-{uuid.uuid4().hex}", "chat.completion" if chat else "text_completion",
                 int(time.time()), ctx.model_name, chat)
-    choices = [Choice(ids, _params(req, max_tokens, len(ids), ctx.context_length, overrides, i),
-                      f"{head.id}-{p * req.n + i}")
+    front = ctx.require_front()
+    choices = [Choice(ids, _params(req, _max_new_tokens(max_tokens, default, front.room(len(ids))),
+                                   overrides, i), f"{head.id}-{p * req.n + i}")
                for p, ids in enumerate(prompts) for i in range(req.n)]
     observer = ctx.metrics.observer() if ctx.metrics is not None else None
-    gen = Generation(ctx.require_front(), choices, observer)
+    gen = Generation(front, choices, observer)
     prompt_tokens = sum(len(ids) for ids in prompts)
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
@@ -94,12 +100,17 @@ async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
     return JSONResponse(await until_disconnected(request, _collect(gen, head, prompt_tokens)))
 
 
-def _params(req: SamplingFields, max_tokens: int | None, prompt_len: int, context_length: int,
-            overrides: dict[str, Any], copy: int) -> SamplingParams:
-    """OpenAI fields -> SamplingParams; no max_tokens means as many as the context allows."""
+def _max_new_tokens(asked: int | None, default: int | None, room: int) -> int:
+    if asked is not None:
+        return asked
+    return room if default is None else min(default, room)
+
+
+def _params(req: SamplingFields, max_new_tokens: int, overrides: dict[str, Any],
+            copy: int) -> SamplingParams:
+    """OpenAI fields -> SamplingParams (choice `copy` of its prompt)."""
     fields = {
-        "max_new_tokens": max_tokens if max_tokens is not None
-        else max(1, context_length - prompt_len),
+        "max_new_tokens": max_new_tokens,
         "temperature": 0.0 if req.temperature is None else req.temperature,
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "stop": req.stop or [], "stop_token_ids": req.stop_token_ids or [],

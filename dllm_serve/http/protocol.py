@@ -1,5 +1,7 @@
 """Request bodies (pydantic, strict types) and the rules for fields we do not implement.
 
+Bodies are JSON objects in UTF-8, of valid Unicode (a lone UTF-16 surrogate such as "\\ud800" is
+refused), nested at most MAX_DEPTH levels deep.
 Types are strict: "2" is not an integer and 1 is not a boolean. A field of OpenAI's API that
 dllm-serve does not implement is a 400 naming it, unless it carries its "off" value (some
 clients send those by default). `dllm_<name>` fields are per-request settings of the running
@@ -9,7 +11,8 @@ decoding algorithm, checked by the algorithm itself.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+import re
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,6 +21,9 @@ from dllm_serve.http.errors import APIError, validation_message
 M = TypeVar("M", bound=BaseModel)
 
 DLLM_PREFIX = "dllm_"
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens of /v1/completions
+MAX_DEPTH = 64  # OpenAI's bodies need about 5 levels
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Unimplemented OpenAI fields -> the values that mean "not used".
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False,), "suffix": (None, ""), "logprobs": (None, False), "top_logprobs": (None,),
@@ -64,7 +70,8 @@ class SamplingFields(Lenient):
 
 class CompletionRequest(SamplingFields):
     prompt: Any  # str | list[str] | list[int] | list[list[int]]; see prompt_batch
-    max_tokens: int | None = Field(16, ge=1)  # null: as many as the context allows
+    # Absent: COMPLETION_MAX_TOKENS (OpenAI's 16) or fewer if fewer fit; null: as many as fit.
+    max_tokens: int | None = Field(None, ge=1)
 
 
 class ContentPart(Strict):
@@ -84,6 +91,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)  # absent: as many as fit
 
 
+Rid = Annotated[str, Field(min_length=1)]  # "" would be replaced by a random id, unabortable
+
+
 class GenerateRequest(Strict):
     """SGLang's native /generate: text or input_ids (one or a batch)."""
 
@@ -91,27 +101,64 @@ class GenerateRequest(Strict):
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
-    rid: str | list[str] | None = None
+    rid: Rid | list[Rid] | None = None
 
 
 class AbortRequest(Strict):
-    rid: str | None = None
+    rid: Rid | None = None
     abort_all: bool = False
 
 
 def parse_body(model: type[M], body: bytes) -> M:
     """JSON bytes -> a validated request; 400 with a readable message otherwise."""
     try:
-        obj = json.loads(body)
+        text = body.decode("utf-8-sig")  # strict: no encoded surrogates, no other encodings
+        obj = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"The request body is not valid UTF-8: {e}") from None
     except ValueError as e:
         raise APIError(400, f"The request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(obj, dict):
         raise APIError(400, "The request body must be a JSON object.")
+    _check_depth(obj, text)
+    _check_unicode(obj, text)
     try:
         return model.model_validate(obj)
     except ValidationError as e:
         message, param = validation_message(list(e.errors()))
         raise APIError(400, message, param=param) from None
+
+
+def _check_depth(obj: object, text: str) -> None:
+    """400 if containers nest deeper than MAX_DEPTH (walked only when the body has that many
+    brackets at all)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    level: list[tuple[object, int]] = [(obj, 1)]
+    while level:
+        value, depth = level.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        children = value.values() if isinstance(value, dict) else value  # only containers
+        level.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def _too_deep() -> APIError:
+    return APIError(400, f"The request body nests deeper than {MAX_DEPTH} levels.")
+
+
+def _check_unicode(obj: object, text: str) -> None:
+    """400 for a lone surrogate escape (valid JSON, but not Unicode text: the tokenizer and
+    every UTF-8 encoder refuse it). Checked only when the body has a surrogate escape."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return
+    try:
+        json.dumps(obj, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"The request body has a lone UTF-16 surrogate "
+                       f"(\\u{ord(e.object[e.start]):x}), which is not valid Unicode.") from None
 
 
 def dllm_overrides(req: Lenient) -> dict[str, Any]:

@@ -111,12 +111,15 @@ class Scheduler:
         req = Req(msg.rid, msg.input_ids, msg.params, msg.arrival, self.config.block_size, seed)
         need = self.alloc.pages_for(req.max_end)
         if need > self.alloc.pages.size:
-            return self._reject(req, 400, f"the request needs {req.max_end} KV tokens "
-                                f"(prompt + max_new_tokens, whole blocks), more than the KV pool "
-                                f"holds ({self.alloc.pages.size * self.config.page_size})")
+            return self._reject(req, 400, f"The request needs {req.max_end} KV tokens "
+                                f"(prompt + max_new_tokens, whole blocks), more than the whole "
+                                f"KV pool holds ({self.alloc.pages.size * self.config.page_size}"
+                                f"; see --max-total-tokens). Reduce the prompt or max tokens.")
         limit = self.config.max_queued_requests
         if limit is not None and len(self.waiting) >= limit:
-            return self._reject(req, 503, "The request queue is full.")
+            self._admit()  # requests that can start now are not queued (a burst at idle)
+            if len(self.waiting) >= limit:
+                return self._reject(req, 503, "The request queue is full.")
         self.waiting.append(req)
 
     def abort(self, msg: AbortReq) -> None:

@@ -38,7 +38,7 @@ from dllm_serve.managers.messages import (
     Shutdown,
 )
 from dllm_serve.model.config import ModelConfig
-from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingParams
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tokenizer import Tokenizer
 
@@ -94,7 +94,10 @@ class TokenizerManager:
         return self.tokenizer.encode(prompt)
 
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestError (400) for anything the engine cannot serve."""
+        """Raise RequestError (400) for anything the engine cannot serve; a max_new_tokens
+        left out becomes its default or `room()`, whichever is smaller. An explicit one that
+        does not fit the context is a 400 here; one that does not fit the KV pool, a 400 from
+        the scheduler."""
         if len(input_ids) == 0:
             raise RequestError("Prompt cannot be empty.", param="prompt")
         vocab = self.model_config.vocab_size
@@ -102,6 +105,8 @@ class TokenizerManager:
         if bad:
             raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).",
                                param="prompt")
+        if params.max_new_tokens is None:  # left out: never more than fits (as SGLang)
+            params.max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, self.room(len(input_ids)))
         try:
             params.verify(vocab)
             params.dllm = self.algorithm.validate_request_params(params.dllm)
@@ -145,6 +150,18 @@ class TokenizerManager:
         self._send(InfoReq())
         info = self.info_queue.get(timeout=timeout)
         return {**self.ready_info, **info}
+
+    @property
+    def kv_capacity(self) -> int:
+        """Tokens the whole KV pool holds: the most prompt + output one request can reserve."""
+        kv = self.ready_info["kv_pool"]
+        return int(kv["total_pages"] * kv["page_size"])
+
+    def room(self, prompt_len: int) -> int:
+        """The most new tokens a prompt of this length can ask for (at least 1): prompt +
+        output within the context length and within the whole KV pool. The pool holds whole
+        pages of whole blocks, so a total within it stays within it rounded up to a block."""
+        return max(1, min(self.context_length, self.kv_capacity) - prompt_len)
 
     def num_pending(self) -> int:
         return len(self.states)

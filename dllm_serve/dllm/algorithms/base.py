@@ -24,6 +24,7 @@ import torch
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.rounds import Forward, RoundMode, RoundOutput, run_round
 from dllm_serve.dllm.sampling import sample_rows
+from dllm_serve.sampling_params import is_finite_number
 
 State = dict[str, torch.Tensor]  # batched per-block state, every tensor with leading dim N
 RowState = dict[str, np.ndarray]  # one block's state, as stored by the scheduler (opaque to it)
@@ -72,19 +73,22 @@ class DllmAlgorithm(ABC):
 
     @classmethod
     def validate_request_params(cls, values: dict[str, Any]) -> dict[str, float]:
-        """Check per-request overrides (names without the dllm_ prefix); raise ValueError."""
+        """Check per-request overrides (names without the dllm_ prefix) with the settings' own
+        range checks; raise ValueError."""
         out = {}
         for name, value in values.items():
             if name not in cls.request_params:
                 allowed = ", ".join(f"dllm_{p}" for p in cls.request_params) or "none"
                 raise ValueError(f"dllm_{name} is not a setting of {cls.__name__} "
                                  f"(per-request settings: {allowed})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not is_finite_number(value):
                 raise ValueError(f"dllm_{name} must be a number, got {value!r}")
+            try:
+                cls.Config(**{name: float(value)})
+            except ValueError as e:
+                raise ValueError(f"dllm_{name}: {e}") from None
             out[name] = float(value)
         return out
-
-    # ---- what subclasses implement -------------------------------------------------------
 
     # ---- what subclasses implement -------------------------------------------------------
 
