@@ -98,6 +98,11 @@ class ServerArgs:
         boolean=True)
     max_payload_size: int = _f(
         32 * 1024 * 1024, "Largest HTTP request body in bytes; larger ones get 413.")
+    request_timeout: float | None = _f(
+        None, "HTTP server: seconds a request may take from arrival to its last byte (reading "
+        "the body, queueing, generating, streaming). Past it the request is aborted (its KV "
+        "freed) and the client gets 408, or an error event if its stream had started. "
+        "Default: no limit.")
     shutdown_timeout: float = _f(
         300.0, "On SIGTERM or SIGINT: seconds to let in-flight requests finish (new ones get "
         "503) before aborting them; a second signal aborts them at once.")
@@ -120,6 +125,8 @@ class ServerArgs:
                f"--startup-timeout must be > 0, got {self.startup_timeout}")
         _check(self.max_payload_size > 0,
                f"--max-payload-size must be > 0, got {self.max_payload_size}")
+        _check(self.request_timeout is None or self.request_timeout > 0,
+               f"--request-timeout must be > 0, got {self.request_timeout}")
         _check(self.shutdown_timeout >= 0,
                f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         _check(0.0 < self.mem_fraction_static < 1.0,

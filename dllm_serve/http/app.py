@@ -2,8 +2,8 @@
 
 Request bodies are read and parsed here, not by FastAPI, so that every malformed body is a
 400 in OpenAI's error shape: wrong Content-Type, bad JSON, a non-object, too large (413).
-Middleware order (outermost first): API key, lifecycle gate (503 unless ready; counts
-in-flight generation requests), FastAPI.
+Middleware order (outermost first): API key, request timeout (--request-timeout: 408 and an
+abort past it), lifecycle gate (503 unless ready; counts in-flight generation requests), FastAPI.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dllm_serve.http.auth import ApiKeyMiddleware
 from dllm_serve.http.bridge import Choice, Generation
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import APIError, install_handlers, unavailable
+from dllm_serve.http.timeout import RequestTimeoutMiddleware
 from dllm_serve.sampling_params import SamplingParams
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
@@ -34,6 +35,8 @@ def build_app(ctx: ServerContext) -> ASGIApp:
     install_handlers(app)
     _add_routes(app, ctx)
     asgi: ASGIApp = ctx.life.middleware(app)
+    if ctx.args.request_timeout is not None:
+        asgi = RequestTimeoutMiddleware(asgi, ctx.args.request_timeout)
     if ctx.args.api_key:
         asgi = ApiKeyMiddleware(asgi, ctx.args.api_key)
     return asgi

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                404: "invalid_request_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 500: "server_error",
+               408: "timeout_error", 413: "invalid_request_error", 500: "server_error",
                503: "service_unavailable_error"}
 # The openai client retries 5xx by default; a 503 means "busy or going away", so say no.
 NO_RETRY = {"x-should-retry": "false"}

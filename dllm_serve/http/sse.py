@@ -8,12 +8,12 @@ error after that is one `data: {"error": {...}}` frame, then `[DONE]`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from dllm_serve.http.bridge import until_disconnected
 from dllm_serve.http.errors import as_api_error
@@ -33,13 +33,24 @@ async def sse_response(request: Request, chunks: AsyncIterator[dict[str, Any]],
         first: dict[str, Any] | None = await until_disconnected(request, anext(chunks))
     except StopAsyncIteration:
         first = None
-    frames = _frames(first, chunks)
-    return StreamingResponse(frames, media_type="text/event-stream", headers=HEADERS,
-                             background=BackgroundTask(frames.aclose))
+    return _SSEResponse(_frames(first, chunks), media_type="text/event-stream", headers=HEADERS)
+
+
+class _SSEResponse(StreamingResponse):
+    """Closes its frames however the response ends (done, client gone, or cancelled by the
+    request timeout), which aborts the engine requests still running."""
+
+    body_iterator: AsyncGenerator[str, None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def _frames(first: dict[str, Any] | None,
-                  chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+                  chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[str, None]:
     try:
         if first is not None:
             yield frame(first)
