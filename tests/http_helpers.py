@@ -61,10 +61,16 @@ class Server:
 
 
 def _log_dir() -> str:
-    """One temporary folder for this test process's server logs, removed at exit."""
+    """The folder for this test process's server logs: $DLLM_SERVE_TEST_LOGS (kept), else a
+    temporary one removed at exit."""
     if "logs" not in _dirs:
-        _dirs["logs"] = tempfile.mkdtemp(prefix="dllm-serve-test-logs-")
-        atexit.register(shutil.rmtree, _dirs["logs"], ignore_errors=True)
+        keep = os.environ.get("DLLM_SERVE_TEST_LOGS")
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            _dirs["logs"] = keep
+        else:
+            _dirs["logs"] = tempfile.mkdtemp(prefix="dllm-serve-test-logs-")
+            atexit.register(shutil.rmtree, _dirs["logs"], ignore_errors=True)
     return _dirs["logs"]
 
 
