@@ -37,7 +37,9 @@ class AbortReq:
 
 @dataclass
 class InfoReq:
-    pass
+    """Asks the scheduler for its state; the reply carries the same `req_id`."""
+
+    req_id: int = 0
 
 
 # ---- scheduler -> front -----------------------------------------------------------------
@@ -69,6 +71,7 @@ class BatchOutput:
 
 @dataclass
 class InfoResp:
+    req_id: int
     info: dict[str, Any]
 
 

@@ -92,7 +92,7 @@ class Scheduler:
         elif isinstance(msg, AbortReq):
             self.abort(msg)
         elif isinstance(msg, InfoReq):
-            self.outbox.append(InfoResp(self.server_info()))
+            self.outbox.append(InfoResp(msg.req_id, self.server_info()))
         else:
             raise TypeError(f"scheduler got an unexpected message {type(msg).__name__}")
 

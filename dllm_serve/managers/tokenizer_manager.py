@@ -10,6 +10,7 @@ EngineDeadError.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -82,7 +83,9 @@ class TokenizerManager:
         self.tx_lock = threading.Lock()
         self.states: dict[str, ReqState] = {}
         self.states_lock = threading.Lock()
-        self.info_queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        # Info requests waiting for their reply, by id; a reply nobody waits for is dropped.
+        self.info_waiters: dict[int, queue.Queue[dict[str, Any]]] = {}
+        self.info_ids = itertools.count(1)
         self.dead: str | None = None
         self.closed = False
         self.thread = threading.Thread(target=self._recv_loop, name="front-recv", daemon=True)
@@ -147,8 +150,16 @@ class TokenizerManager:
     def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
         if self.dead is not None:
             raise EngineDeadError(self.dead)
-        self._send(InfoReq())
-        info = self.info_queue.get(timeout=timeout)
+        req_id = next(self.info_ids)
+        reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        with self.states_lock:
+            self.info_waiters[req_id] = reply
+        try:
+            self._send(InfoReq(req_id))
+            info = reply.get(timeout=timeout)
+        finally:
+            with self.states_lock:
+                self.info_waiters.pop(req_id, None)
         return {**self.ready_info, **info}
 
     @property
@@ -185,7 +196,7 @@ class TokenizerManager:
                 for out in msg.outputs:
                     self._deliver(out)
             elif isinstance(msg, InfoResp):
-                self.info_queue.put(msg.info)
+                self._answer_info(msg)
             elif isinstance(msg, Fatal):
                 self._fail_all(f"the engine failed:\n{msg.message}")
 
@@ -209,6 +220,14 @@ class TokenizerManager:
                 "time_to_first_block": state.first_output - state.created}
         state.callback(GenOutput(out.rid, state.detok.text, delta, list(state.output_ids),
                                  out.new_ids.tolist(), out.finished, out.finish_reason, meta))
+
+    def _answer_info(self, msg: InfoResp) -> None:
+        with self.states_lock:
+            reply = self.info_waiters.pop(msg.req_id, None)
+        if reply is None:
+            logger.debug("dropped a late info reply (id %d)", msg.req_id)
+            return
+        reply.put(msg.info)
 
     def _fail_all(self, message: str) -> None:
         if self.dead is None:
