@@ -11,7 +11,8 @@
 #
 # Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
 # and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
-# the attention kernel's launch sweep (benchmarks/attention_tune.py).
+# the attention kernel's launch sweep (benchmarks/attention_tune.py); runtime_default and
+# runtime_mini, the runtime's benchmarks (benchmarks/runtime_bench.py, issue 12).
 #
 # The GPU image lacks pyzmq (the engine's IPC): wheels staged here by
 # ../shared/device/stage-wheels.sh travel in .whl and are installed into /tmp/site.
@@ -75,6 +76,13 @@ stage engine_default 120 bash -c "for m in fdfo sync; do python3 benchmarks/engi
 # 5. (optional) The attention kernel's launch sweep at B=16/32, prefix ~4k.
 stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_tune.json"
 
+# 6. (optional) The runtime (issue 12): FDFO vs sync and W=2 vs W=1 on the built-in model;
+#    FDFO vs sync at LLaDA2.0-mini's shapes with benchmarks/scheduled_denoise.py's schedules.
+stage runtime_default 300 python3 benchmarks/runtime_bench.py --suite default-model \
+  --out "$RUN/runtime_default.json"
+stage runtime_mini 420 python3 benchmarks/runtime_bench.py --suite mini-lognormal \
+  mini-histogram --repeats 2 --out "$RUN/runtime_mini.json"
+
 {
   echo "# gpu_perf_check $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo '```'; cat "$RUN/machine.txt"; echo '```'
@@ -85,12 +93,15 @@ stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_t
   echo; echo "## engine"; echo '```'
   grep -h -E '^(fdfo|sync) graphs=|=== engine' "$RUN"/engine*.log; echo '```'
   echo "## attention"; echo '```'; grep -h -E '^best|=== attention' "$RUN/attention.log"; echo '```'
+  echo "## runtime"; echo '```'
+  grep -h -E '^(default-model|mini-|fdfo_over|w2_over)|=== runtime' "$RUN"/runtime*.log; echo '```'
   echo "## notes"; echo '```'
   grep -h -i -E 'capture failed|run eagerly|Traceback|Error:' "$RUN"/*.log | sort | uniq -c | head -n 15
   echo '```'
 } > "$RUN/summary.md" 2>&1
 cp "$RUN/summary.md" "$OUT/"
-for f in tests.log roofline.json engine_gpu.json attention_tune.json; do
+for f in tests.log roofline.json engine_gpu.json attention_tune.json runtime_default.json \
+  runtime_mini.json; do
   [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
 done
 tar -czf "$OUT/all.tar.gz" -C "$RUN" .
