@@ -20,8 +20,9 @@
 # tests.log, roofline.json, engine_gpu.json, all.tar.gz (every log, profile and table).
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
-RUN=/tmp/gpu_perf_run
-rm -rf "$RUN" && mkdir -p "$OUT" "$RUN"
+RUN=${RUN:-/tmp/gpu_perf_run}  # RUN=$OUT: every log comes back as it is written
+[[ $RUN == "$OUT" ]] || rm -rf "$RUN"
+mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -57,7 +58,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/N
 # 1. Tests: every kernel test compiled (small shapes + gpu-marked full shapes), then the
 #    gpu-marked graph, dummy-load and engine tests.
 # shellcheck disable=SC2086  # TESTS is a list of paths
-stage tests 240 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=12 $TESTS
+stage tests ${TESTS_LIMIT:-240} python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs \
+  --durations=12 ${TEST_FLAGS:-} $TESTS
 
 # 2. Roofline: graphs, eager Triton, plain PyTorch; profile tables at B=16, prefix 4k.
 stage roofline 160 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
@@ -78,9 +80,9 @@ stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_t
 
 # 6. (optional) The runtime (issue 12): FDFO vs sync and W=2 vs W=1 on the built-in model;
 #    FDFO vs sync at LLaDA2.0-mini's shapes with benchmarks/scheduled_denoise.py's schedules.
-stage runtime_default 300 python3 benchmarks/runtime_bench.py --suite default-model \
+stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py --suite default-model \
   --out "$RUN/runtime_default.json"
-stage runtime_mini 420 python3 benchmarks/runtime_bench.py --suite mini-lognormal \
+stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py --suite mini-lognormal \
   mini-histogram --repeats 2 --out "$RUN/runtime_mini.json"
 
 {
@@ -99,11 +101,13 @@ stage runtime_mini 420 python3 benchmarks/runtime_bench.py --suite mini-lognorma
   grep -h -i -E 'capture failed|run eagerly|Traceback|Error:' "$RUN"/*.log | sort | uniq -c | head -n 15
   echo '```'
 } > "$RUN/summary.md" 2>&1
-cp "$RUN/summary.md" "$OUT/"
-for f in tests.log roofline.json engine_gpu.json attention_tune.json runtime_default.json \
-  runtime_mini.json; do
-  [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
-done
-tar -czf "$OUT/all.tar.gz" -C "$RUN" .
+if [[ $RUN != "$OUT" ]]; then
+  cp "$RUN/summary.md" "$OUT/"
+  for f in tests.log roofline.json engine_gpu.json attention_tune.json runtime_default.json \
+    runtime_mini.json; do
+    [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
+  done
+  tar -czf "$OUT/all.tar.gz" -C "$RUN" .
+fi
 cat "$RUN/summary.md"
 exit $status
