@@ -7,8 +7,10 @@ left) of its masked positions a step (the most confident first), so the block co
 F - 1 steps and is done on entry at its F-th forward. Its forwards, step and logits are the
 real ones; only the schedule is imposed.
 
-F is a pure function of (request seed, block position), so FDFO and sync runs of the same
-requests draw the same schedule. Distributions (the algorithm YAML):
+F is a pure function of (request seed, block position), computed on the device from the batch's
+row_seed and row_start, so FDFO and sync runs of the same requests draw the same schedule and
+the step can be captured in a CUDA graph like the built-in ones. Distributions (the algorithm
+YAML):
 - lognormal (default): mean `mean` (12: LLaDA2.0-mini's ~2.5 tokens per forward on GSM8K with
   32-token blocks) and log-space spread `spread` (0.5), clamped to [min_forwards, max_forwards];
 - histogram: `histogram: PATH` names a JSON file with {"histogram": {forwards: count}}, e.g.
@@ -23,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from dllm_serve.dllm.algorithms import ALGORITHMS, DllmAlgorithm, StepOutput
 from dllm_serve.dllm.algorithms.base import AlgorithmConfig, State
 from dllm_serve.dllm.batch import DenoiseBatch
 
-MASK64 = (1 << 64) - 1
+MASK62 = (1 << 62) - 1  # int64 products wrap mod 2**64; masking keeps 62 exact bits
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,14 @@ class ScheduledConfig(AlgorithmConfig):
             raise ValueError("mean must be > 0 and spread >= 0")
 
 
-def uniform(seed: int, start: int) -> float:
-    """A uniform in (0, 1) from (seed, block start): splitmix64 of their mix."""
-    z = (seed * 0x9E3779B97F4A7C15 + start * 0xBF58476D1CE4E5B9 + 1) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    z ^= z >> 31
-    return (z + 0.5) / 2.0**64
+def uniform(seed: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """(N,) int64 seeds and block starts -> (N,) float64 uniforms in (0, 1): a multiply /
+    xor-shift hash, exact in int64 (every intermediate kept to 62 bits)."""
+    z = (seed * 0x9E3779B1 + start * 0x85EBCA77 + 0x165667B1) & MASK62
+    z = ((z ^ (z >> 29)) * 0x94D049BB) & MASK62
+    z = ((z ^ (z >> 32)) * 0x2545F491) & MASK62
+    z = z ^ (z >> 31)
+    return ((z >> 9).double() + 0.5) / 2.0**53
 
 
 @ALGORITHMS.register()
@@ -66,28 +68,26 @@ class ScheduledDenoise(DllmAlgorithm):
 
     def __init__(self, config: ScheduledConfig, block_size: int, mask_id: int) -> None:
         super().__init__(config, block_size, mask_id)
-        self.table: np.ndarray | None = None
+        self.table: torch.Tensor | None = None  # the histogram expanded, sorted
         if config.histogram:
             hist = json.loads(open(config.histogram).read())["histogram"]
-            self.table = np.repeat([int(k) for k in hist], [int(v) for v in hist.values()])
+            self.table = torch.tensor(np.repeat([int(k) for k in hist],
+                                                [int(v) for v in hist.values()]))
+
+    def draw(self, seed: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """(N,) forwards the blocks at `start` of requests with `seed` take."""
+        u, c = uniform(seed, start), self.config
+        if self.table is not None:
+            table = self.table.to(seed.device)
+            f = table[(u * len(table)).long().clamp(max=len(table) - 1)]
+        else:
+            mu = math.log(c.mean) - c.spread**2 / 2  # so that the mean is c.mean
+            f = torch.exp(mu + c.spread * torch.special.ndtri(u)).round().long()
+        return f.clamp(c.min_forwards, c.max_forwards)
 
     def forwards(self, seed: int, start: int) -> int:
-        u = uniform(seed, start)
-        if self.table is not None:
-            f = int(self.table[min(int(u * len(self.table)), len(self.table) - 1)])
-        else:
-            c = self.config
-            mu = math.log(c.mean) - c.spread**2 / 2  # so that the mean is c.mean
-            f = round(math.exp(mu + c.spread * NormalDist().inv_cdf(u)))
-        return max(self.config.min_forwards, min(self.config.max_forwards, f))
-
-    def need(self, batch: DenoiseBatch) -> torch.Tensor:
-        """(N,) forwards each block takes: computed on the host once per layout."""
-        if "need" not in batch.layout_cache:
-            seeds = [batch.seeds[b] for b in batch.row_requests()]
-            f = [self.forwards(s, p) for s, p in zip(seeds, batch.block_starts(), strict=True)]
-            batch.layout_cache["need"] = torch.tensor(f, device=batch.block_ids.device)
-        return batch.layout_cache["need"]
+        """draw() for one block, on the CPU."""
+        return int(self.draw(torch.tensor([seed]), torch.tensor([start]))[0])
 
     def init_step_state(self, block_ids: torch.Tensor) -> State:
         return {"age": torch.zeros(block_ids.shape[0], dtype=torch.int64,
@@ -99,7 +99,8 @@ class ScheduledDenoise(DllmAlgorithm):
         ids = batch.block_ids  # (N, K)
         masked = ids == self.mask_id
         x, p = self.predict(batch, full_logits.view(*ids.shape, -1))
-        left = (self.need(batch) - 1 - state["age"]).clamp(min=1)  # unmasking steps left
+        need = self.draw(batch.row_seed, batch.row_start)
+        left = (need - 1 - state["age"]).clamp(min=1)  # unmasking steps left
         quota = (masked.sum(1) + left - 1) // left  # ceil(masked / left)
         conf = torch.where(masked, p, float("-inf"))
         rank = torch.empty_like(ids).scatter_(

@@ -1,13 +1,15 @@
 """`ResidentBatch`: the worker's running batch, kept on the device across forwards.
 
 It holds every admitted request (`DeviceReq`: slot, settings) and its active blocks (`Block`),
-and the device tensors of those blocks: ids (N, K) and the algorithm's state (N, ...), rows
-ordered by request (admission order) and within a request by position. A block that stays is
-never re-sent, re-uploaded or copied to the host; only when the set of blocks changes (a block
-opens or leaves) does `layout()` gather the surviving rows into new tensors and append the new
-blocks' ids and fresh state. Per-forward bookkeeping is O(1) in Python: each layout counts its
-rows' steps in one numpy array (`Layout.steps`, also the batch's `block_steps`) and its
-forwards in one counter, folded back into the blocks and requests when the layout is replaced.
+and their device tensors: ids (N, K) and the algorithm's state (N, ...) in rows [0, N) of the
+worker's `RowStorage`, ordered by request (admission order) and within a request by position.
+A block that stays is never re-sent, re-uploaded or copied to the host; only when the set of
+blocks changes (a block opens or leaves) does `layout()` gather the surviving rows, append the
+new blocks' ids and fresh state, and write them back to rows [0, N), with the per-row metadata
+(request index, position, seed) and per-request settings, in two host-to-device copies.
+Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
+array (`Layout.steps`, also the batch's `block_steps`) and its forwards in one counter, folded
+back into the blocks and requests when the layout is replaced.
 The host keeps per block what it has read back (`Block.converged`, `ready`, `ids`).
 """
 
@@ -21,6 +23,8 @@ import torch
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.managers.messages import ReqSettings, RowState
+from dllm_serve.managers.row_storage import RowStorage
+from dllm_serve.utils.device import to_device
 
 
 @dataclass(eq=False)
@@ -75,10 +79,11 @@ class Layout:
 
 
 class ResidentBatch:
-    def __init__(self, algo: DllmAlgorithm, device: torch.device, block_size: int) -> None:
+    def __init__(self, algo: DllmAlgorithm, storage: RowStorage) -> None:
         self.algo = algo
-        self.device = device
-        self.k = block_size
+        self.storage = storage
+        self.device = storage.device
+        self.k = storage.k
         self.reqs: dict[int, DeviceReq] = {}  # admission order
         self.current: Layout | None = None  # the layout of the device tensors
         self.dirty = False
@@ -153,18 +158,29 @@ class ResidentBatch:
                 index[i], steps[i] = b.row, old.steps[b.row]  # type: ignore[union-attr]
             else:
                 index[i], steps[i], f = n_old + f, b.init_steps, f + 1
-        ids, state = self._gather(old, fresh, index)
+        if len(rows) > self.storage.capacity:
+            raise RuntimeError(f"{len(rows)} active blocks exceed the worker's row storage "
+                               f"({self.storage.capacity})")
+        self.storage.write(*self._gather(old, fresh, index))
         self._retire_layout(old)
         for i, b in enumerate(rows):
             b.row, b.init_ids, b.init_state = i, None, None
         for r in reqs:
             r.in_layout = True
+        counts = [len(r.blocks) for r in reqs]
+        self.storage.write_meta(np.repeat(np.arange(len(reqs)), counts),
+                                np.array([b.start for b in rows], dtype=np.int64),
+                                np.repeat([r.settings.seed for r in reqs], counts),
+                                self._params(reqs))
+        ids, state = self.storage.views(len(rows))
         batch = DenoiseBatch(
-            block_ids=ids, num_blocks=[len(r.blocks) for r in reqs],
-            first_starts=[r.first_start for r in reqs],
+            block_ids=ids, num_blocks=counts, first_starts=[r.first_start for r in reqs],
             temperatures=[r.settings.temperature for r in reqs],
             top_ps=[r.settings.top_p for r in reqs], seeds=[r.settings.seed for r in reqs],
-            params=self._params(reqs), block_steps=steps)
+            params=self.storage.req_params, block_steps=steps)
+        n = len(rows)
+        s = self.storage
+        batch.bind_rows(s.row_req[:n], s.row_start[:n], s.row_seed[:n])
         owners = [r for r in reqs for _ in r.blocks]
         return Layout(reqs, rows, owners, batch, state)
 
@@ -182,10 +198,10 @@ class ResidentBatch:
                 ) -> tuple[torch.Tensor, State | None]:
         """ids (N, K) and state of the new row order: rows of `old` then `fresh`, by index."""
         k, dev = self.k, self.device
-        new_ids = torch.from_numpy(np.stack([b.init_ids for b in fresh]) if fresh
-                                   else np.zeros((0, k), np.int64)).to(dev)
+        new_ids = to_device(np.stack([b.init_ids for b in fresh]).astype(np.int64) if fresh
+                            else np.zeros((0, k), np.int64), dev)
         new_state = self._fresh_state(new_ids, fresh)
-        idx = torch.from_numpy(index).to(dev)
+        idx = to_device(index, dev)
         if old is None or not old.rows:
             return new_ids[idx], (None if new_state is None
                                   else {key: v[idx] for key, v in new_state.items()})
@@ -202,16 +218,17 @@ class ResidentBatch:
             return None
         for i, block in enumerate(fresh):
             for key, value in (block.init_state or {}).items():
-                state[key][i] = torch.as_tensor(value, device=ids.device)
+                state[key][i] = to_device(np.asarray(value), ids.device)
         return state
 
-    def _params(self, reqs: list[DeviceReq]) -> dict[str, torch.Tensor]:
-        """Per-request values (B,) of the settings any request overrides."""
-        names = sorted({name for r in reqs for name in r.settings.params})
-        cfg = self.algo.config
-        return {name: torch.tensor([r.settings.params.get(name, getattr(cfg, name))
-                                    for r in reqs], dtype=torch.float32, device=self.device)
-                for name in names}
+    def _params(self, reqs: list[DeviceReq]) -> np.ndarray:
+        """(P, B) per-request values of the algorithm's request_params (defaults where unset)."""
+        out = np.repeat(self.storage.defaults[:, None], len(reqs), axis=1)
+        for b, r in enumerate(reqs):
+            for i, name in enumerate(self.algo.request_params):
+                if name in r.settings.params:
+                    out[i, b] = r.settings.params[name]
+        return out
 
     def host_rows(self, req: DeviceReq) -> tuple[np.ndarray, list[RowState | None]]:
         """The request's blocks as they are on the device now (a host sync): ids (n, K) and

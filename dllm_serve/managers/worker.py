@@ -44,7 +44,9 @@ from dllm_serve.managers.messages import (
 from dllm_serve.managers.readback import Pending, Readback
 from dllm_serve.managers.resident_batch import Block, DeviceReq, Layout, ResidentBatch
 from dllm_serve.managers.round_trace import Tracer
-from dllm_serve.model.runner import Forward, ModelRunner
+from dllm_serve.managers.row_storage import RowStorage
+from dllm_serve.model.denoise_run import DenoiseRun
+from dllm_serve.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -75,18 +77,22 @@ class Worker:
                  tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S) -> None:
         self.runner, self.algo, self.mode = runner, algo, mode
         self.k = runner.block_size
-        self.batch = ResidentBatch(algo, runner.device, self.k)
         tau = mode.wavefront.token_threshold
         self.spec = StepSpec(mode.wavefront.size > 1,
                              algo.readiness_threshold() if tau is None else tau,
                              mode.wavefront.spawn_threshold)
+        rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
+        self.storage = RowStorage(algo, rows, self.k, runner.device)
+        self.batch = ResidentBatch(algo, self.storage)
+        runner.capture_graphs(self.storage.ids, self._graph_step if algo.graph_safe else None,
+                              self.k + len(FLAGS))
         self.readback = Readback(runner.device)
         self.tracer = tracer
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
         self.inflight: Launch | None = None
-        self.forward: Forward | None = None
+        self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
         self.report = Report()
         self.report_every_s = report_every_s
@@ -184,13 +190,17 @@ class Worker:
         layout = self.batch.layout()
         if layout is not self.prepared:
             b = layout.batch
-            self.forward = self.runner.denoise_forward(
+            self.run = self.runner.prepare_denoise(
                 [r.slot for r in layout.reqs], b.first_starts, b.num_blocks, b.block_ids)
             self.prepared = layout
-        assert self.forward is not None
-        forward = self.forward
-        readout, failed = self._trace("denoise", lambda: denoise_step(
-            self.algo, layout.batch, forward(), layout.state, self.spec), len(layout.rows))
+        assert self.run is not None
+        run = self.run
+        if run.step is not None and not layout.batch.sampled:  # one graph: forward + step
+            readout, failed = self._trace("denoise", run.step, len(layout.rows)), []
+        else:
+            readout, failed = self._trace("denoise", lambda: denoise_step(
+                self.algo, layout.batch, run.forward(), layout.state, self.spec),
+                len(layout.rows))
         layout.batch.block_steps += 1
         layout.launches += 1
         self.report.msg.forwards += 1
@@ -316,6 +326,13 @@ class Worker:
 
     def _trace(self, kind: str, fn, rows: int = 0):  # type: ignore[no-untyped-def]
         return fn() if self.tracer is None else self.tracer.run(kind, fn, rows)
+
+    def _graph_step(self, bucket: int, logits: torch.Tensor) -> torch.Tensor:
+        """The greedy step over storage rows [0, bucket), as captured after the forward."""
+        _, state = self.storage.views(bucket)
+        readout, _ = denoise_step(self.algo, self.storage.graph_batch(bucket), logits, state,
+                                  self.spec, isolate=False)
+        return readout
 
 
 def _leading(blocks: list[Block]) -> int:
