@@ -48,7 +48,7 @@ def weight_bytes(model: nn.Module, tokens: int, experts_touched: dict[int, int])
         if name.endswith(("experts.w13", "experts.w2")):
             layer = int(LAYER.search(name).group(1))  # type: ignore[union-attr]
             total += size // p.shape[0] * experts_touched[layer]
-        elif "word_embeddings" in name:
+        elif "embed_tokens" in name:
             total += tokens * p.shape[1] * p.element_size()
         else:
             total += size
@@ -67,7 +67,7 @@ def matmul_flops(model: nn.Module, cfg: LLaDA2Config, tokens: int) -> int:
     once per (token, chosen expert)."""
     total = 0
     for name, p in model.named_parameters():
-        if p.dim() < 2 or "word_embeddings" in name:
+        if p.dim() < 2 or "embed_tokens" in name:
             continue
         per_token = 2 * p.numel()
         if name.endswith(("experts.w13", "experts.w2")):
