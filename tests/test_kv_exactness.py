@@ -25,10 +25,11 @@ from dllm_serve.server_args import ServerArgs
 
 
 def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
-                 **wavefront_kw: float | bool) -> Scheduler:
+                 page_size: int | None = None, **wavefront_kw: float | bool) -> Scheduler:
     """Scheduler + worker in this process (no ZMQ), on the CPU in fp32."""
     args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
-                      dllm_fdfo=fdfo, max_running_requests=2, chunked_prefill_size=32)
+                      dllm_fdfo=fdfo, max_running_requests=2, chunked_prefill_size=32,
+                      page_size=page_size)
     mc = ModelConfig.load(model_dir)
     dllm = DllmConfig.build(mc, algorithm, None, fdfo)
     runner = ModelRunner(mc, dllm, args)
