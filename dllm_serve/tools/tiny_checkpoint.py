@@ -89,6 +89,17 @@ ARCHES = tuple(FORMATS)
 PRESETS = sorted({name for f in FORMATS.values() for name in f.presets})
 
 
+def preset_arch(preset: str, arch: str | None = None) -> str:
+    """`arch` if given, else the architecture whose preset this is ("tiny", which every
+    architecture has, means llada2_moe)."""
+    if arch is not None:
+        return arch
+    owners = [a for a, f in FORMATS.items() if preset in f.presets]
+    if not owners:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    return owners[0]
+
+
 def checkpoint_format(arch: str, preset: str) -> CheckpointFormat:
     """The format of `arch`; an unknown arch or a preset it lacks raises ValueError."""
     if arch not in FORMATS:
