@@ -239,3 +239,28 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
         assert ref is not None
         err = ((replay - ref).norm() / ref.norm()).item()
         assert err < 2e-2, f"{requests}x{blocks} blocks: relative error {err:.2e}"
+
+
+def gpu_outputs(model_dir: Path, algorithm: str, **kw: object) -> list[list[int]]:
+    from dllm_serve import Engine
+
+    prompts = [[151644, 872, 198, 9707, 0, 151645], list(range(1000, 1013))]
+    with Engine(model_path=str(model_dir), device="cuda", attention_backend="triton",
+                moe_backend="triton", dllm_algorithm=algorithm, max_running_requests=1,
+                max_total_tokens=8192, log_level="warning", **kw) as e:
+        outs = e.generate(input_ids=prompts,
+                          sampling_params={"max_new_tokens": 40, "ignore_eos": True})
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_sdar_moe_bs1_parity_with_kernels_and_graphs(tiny_sdar_moe_dir: Path,
+                                                     algorithm: str) -> None:
+    """bs=1 with 4-token blocks, every kernel and CUDA graphs: FDFO and sync decode the same
+    tokens, and (LowConfidence) the graphs the same as eager forwards."""
+    fdfo = gpu_outputs(tiny_sdar_moe_dir, algorithm, dllm_fdfo=True)
+    assert all(len(o) == 40 for o in fdfo)
+    assert gpu_outputs(tiny_sdar_moe_dir, algorithm, dllm_fdfo=False) == fdfo
+    if algorithm == "LowConfidence":
+        assert gpu_outputs(tiny_sdar_moe_dir, algorithm, disable_cuda_graph=True) == fdfo
