@@ -10,17 +10,14 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from batch_helpers import Segment, make_batch, make_cache
+from local_engine import local_engine
 from safetensors import safe_open
-from test_kv_exactness import local_engine
 
-from dllm_serve.managers.messages import GenerateReq
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.loader import load_model
-from dllm_serve.sampling_params import SamplingParams
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKPOINTS = {"sdar": "tiny_sdar_dir", "sdar_moe": "tiny_sdar_moe_dir",
@@ -61,16 +58,13 @@ def test_logits_match_the_independent_forward(golden) -> None:
 @pytest.mark.parametrize("fdfo", [True, False])
 def test_greedy_tokens_match_the_independent_generate(golden, fdfo: bool) -> None:
     path, t, meta = golden
-    sched = local_engine(path, "LowConfidence", fdfo, wavefront=1)
-    worker = sched.worker  # type: ignore[attr-defined]
+    engine = local_engine(path, "LowConfidence", fdfo, wavefront=1)
+    worker = engine.worker
     assert worker.algo.config.threshold == meta["settings"]["threshold"]
     assert worker.algo.mask_id == meta["settings"]["mask_id"]
     assert worker.runner.block_size == meta["settings"]["block_length"]
     want = t["output_ids"].tolist()
     assert len(want) == meta["settings"]["gen_length"]  # no stop token: the whole length
-    sched.add_request(GenerateReq("g", t["prompt_ids"].numpy().astype(np.int64),
-                                  SamplingParams(max_new_tokens=len(want)), 0.0))
-    got: list[int] = []
-    while sched.step():
-        got += [i for o in sched.take_outputs() for i in o.new_ids.tolist()]
-    assert got == want
+    engine.submit("g", t["prompt_ids"].tolist(), max_new_tokens=len(want))
+    engine.run()
+    assert engine.tokens("g") == want

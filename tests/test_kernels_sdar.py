@@ -20,12 +20,10 @@ from test_kernels_step import planted_logits, reference
 
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
 from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.kernels.fused_moe import triton_moe
 from dllm_serve.kernels.step import argmax_confidence
 from dllm_serve.layers.moe import RoutingParams, torch_moe
-from dllm_serve.managers.messages import PrefillWork
-from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.graph_layout import pick_bucket
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs
@@ -77,22 +75,25 @@ PAGES = [np.array([9, 2, 7, 4, 11, 14]), np.array([5, 0, 8, 1, 12, 3])]  # 4-tok
 BLOCKS = 3
 
 
-def make_runner(model_dir: Path, backend: str, device: str = "cpu",
-                **kw: object) -> tuple[ModelRunner, int]:
+def make_runner(model_dir: Path, backend: str, device: str = "cpu") -> tuple[ModelRunner, int]:
     args = ServerArgs(model_path=str(model_dir), device=device, attention_backend=backend,
-                      moe_backend=backend, max_running_requests=2, max_total_tokens=256,
-                      **kw)  # type: ignore[arg-type]
-    config = ModelConfig.load(model_dir)
-    dllm = DllmConfig.build(config, "LowConfidence", None, True)
-    return ModelRunner(config, dllm, args), dllm.mask_id
+                      moe_backend=backend, max_running_requests=2, max_total_tokens=256)
+    cfg = EngineConfig.resolve(args).worker().runner
+    runner = ModelRunner(cfg)
+    for slot, pages in enumerate(PAGES):
+        runner.add_pages(slot, 0, pages)
+    return runner, cfg.mask_id
 
 
 def forward(runner: ModelRunner, starts: list[int], ids: list[np.ndarray],
             logits: bool) -> torch.Tensor | None:
-    work = PrefillWork(req_slots=[0, 1][:len(ids)], pages=PAGES[:len(ids)], seg_starts=starts,
-                       token_ids=ids)
-    hidden = runner.model(runner.prefill_batch(work))
-    return runner.model.compute_logits(hidden) if logits else None
+    """A prefill (no logits) or a denoise forward of whole blocks per request."""
+    if not logits:
+        runner.prefill([0, 1][:len(ids)], starts, ids)
+        return None
+    block_ids = torch.from_numpy(np.concatenate(ids)).to(runner.device).view(-1, BLOCK)
+    return runner.eager_forward([0, 1][:len(ids)], starts, [len(i) // BLOCK for i in ids],
+                                block_ids)()
 
 
 @torch.inference_mode()
@@ -110,10 +111,10 @@ def decode(model_dir: Path, backend: str) -> np.ndarray:
         starts = [len(t) // BLOCK * BLOCK for t in tokens]
         rows = [t[s:] + [mask_id] * (s + BLOCK - len(t)) for t, s in zip(tokens, starts,
                                                                           strict=True)]
-        batch = DenoiseBatch(torch.tensor(rows), [1, 1], starts, [s + BLOCK for s in starts],
-                             [0.0, 0.0], [1.0, 1.0], [0, 0], {}, np.zeros(2, dtype=np.int64))
+        batch = DenoiseBatch(torch.tensor(rows), [1, 1], starts, [0.0, 0.0], [1.0, 1.0],
+                             [0, 0], {}, np.zeros(2, dtype=np.int64))
         while not algo.step(batch, forward(runner, starts, list(batch.block_ids.numpy()),
-                                           logits=True), None).all():
+                                           logits=True), None).done.all():
             pass
         tokens = [t[:s] + row for t, s, row in zip(tokens, starts, batch.block_ids.tolist(),
                                                    strict=True)]
@@ -190,7 +191,8 @@ def test_tiny_sdar_logits_with_compiled_kernels(request: pytest.FixtureRequest,
     out = {}
     for backend in ("torch", "triton"):
         runner, mask_id = make_runner(model_dir, backend, device="cuda")
-        forward(runner, [0], [np.array(PROMPTS[0][:2 * BLOCK])], logits=False)
+        forward(runner, [0, 0], [np.array(PROMPTS[0][:2 * BLOCK]), np.array(PROMPTS[1][:BLOCK])],
+                logits=False)
         rows = [PROMPTS[0][2 * BLOCK:] + [mask_id] * 2, PROMPTS[1][BLOCK:] + [mask_id] * 3]
         out[backend] = forward(runner, [2 * BLOCK, BLOCK], [np.array(r) for r in rows], True)
     err = ((out["triton"] - out["torch"]).norm() / out["torch"].norm()).item()
@@ -207,12 +209,11 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
     arch = "sdar" if preset == "sdar-8b-shape" else "sdar_moe"
     folder = build_tiny_checkpoint(tmp_path / preset, arch=arch, preset=preset, weights=False,
                                    num_hidden_layers=2)
-    config = ModelConfig.load(folder)
-    dllm = DllmConfig.build(config, "LowConfidence", None, True)
     args = ServerArgs(model_path=str(folder), load_format="dummy", device="cuda",
                       attention_backend="triton", moe_backend="triton", max_running_requests=32,
                       context_length=4200, max_total_tokens=64 * 4300)
-    runner = ModelRunner(config, dllm, args)
+    cfg = EngineConfig.resolve(args).worker().runner
+    runner = ModelRunner(cfg)
     graphs = runner.graphs
     assert graphs is not None and graphs.buckets[-1] == 64  # 32 requests x wavefront 2
     for t in runner.kv.k + runner.kv.v:
@@ -223,20 +224,16 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
         need = [s // BLOCK + blocks for s in starts]
         pool = rng.permutation(runner.num_pages)
         ends = np.cumsum(need)
-        runner.set_pages(list(range(requests)), [pool[e - n:e] for e, n in zip(ends, need,
-                                                                                strict=True)])
+        for slot, (e, n) in enumerate(zip(ends, need, strict=True)):
+            runner.add_pages(slot, 0, pool[e - n:e])
         ids = torch.randint(0, 151000, (requests * blocks, BLOCK), device="cuda")
-        ids[:, ::2] = dllm.mask_id
-        batch = DenoiseBatch(ids, [blocks] * requests, starts,
-                             [s + blocks * BLOCK for s in starts], [0.0] * requests,
-                             [1.0] * requests, [0] * requests, {},
-                             np.zeros(requests * blocks, np.int64))
-        replay = graphs.prepare(list(range(requests)), batch)().clone()
-        static = graphs.forwards[pick_bucket(requests * blocks, graphs.buckets)]  # type: ignore[index]
-        eager_static = graphs._forward(static)[:replay.shape[0]]
+        ids[:, ::2] = cfg.mask_id
+        slots, num_blocks = list(range(requests)), [blocks] * requests
+        replay = graphs.prepare(slots, starts, num_blocks, ids)().clone()  # type: ignore[misc]
+        bucket = pick_bucket(requests * blocks, graphs.buckets)
+        eager_static = graphs._forward(graphs.forwards[bucket])[:replay.shape[0]]  # type: ignore[index]
         assert torch.equal(replay, eager_static)
-        ref = runner.forward(runner.denoise_batch(list(range(requests)), batch))
-        assert ref is not None
+        ref = runner.eager_forward(slots, starts, num_blocks, ids)()
         err = ((replay - ref).norm() / ref.norm()).item()
         assert err < 2e-2, f"{requests}x{blocks} blocks: relative error {err:.2e}"
 

@@ -7,22 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import openai
 import pytest
 import torch
 from http_helpers import Server, pools_whole, start_server
+from local_engine import LocalEngine, local_engine
 from test_engine import assert_pools_whole, make_engine
 from test_golden import read_fixture
-from test_kv_exactness import local_engine, reference_kv
+from test_kv_exactness import reference_kv
 from test_wavefront import serial_generate
 
 from dllm_serve import Engine
-from dllm_serve.managers.messages import GenerateReq
-from dllm_serve.managers.scheduler_main import stop_token_ids
-from dllm_serve.model.config import ModelConfig
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.model.runner import ModelRunner
-from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.server_args import ServerArgs
 from dllm_serve.tokenizer import Tokenizer
 
 LONG = {"ignore_eos": True}  # the random tiny model may emit EOS at any time
@@ -35,13 +33,10 @@ def engine(tiny_sdar_dir: Path):
         yield e
 
 
-def run_to_end(sched, prompt: list[int], max_new: int) -> list[int]:
-    sched.add_request(GenerateReq("r", np.asarray(prompt),
-                                  SamplingParams(max_new_tokens=max_new, ignore_eos=True), 0.0))
-    out: list[int] = []
-    while sched.step():
-        out += [t for o in sched.take_outputs() for t in o.new_ids.tolist()]
-    return out
+def run_to_end(engine: LocalEngine, prompt: list[int], max_new: int) -> list[int]:
+    engine.submit("r", prompt, max_new_tokens=max_new, ignore_eos=True)
+    engine.run()
+    return engine.tokens("r")
 
 
 # ---------------------------------------------------------------- offline Engine (processes)
@@ -120,18 +115,20 @@ def test_http_chat_uses_the_qwen_template_and_streams(moe_server: Server,
 
 def test_turn_end_and_eos_both_stop(tiny_sdar_dir: Path) -> None:
     tok = Tokenizer.load(tiny_sdar_dir)
-    assert stop_token_ids(ModelConfig.load(tiny_sdar_dir), tok) == {151643, 151645}
+    cfg = EngineConfig.resolve(ServerArgs(model_path=str(tiny_sdar_dir)),
+                               tok.extra_stop_token_ids)
+    assert cfg.eos_ids == (151643, 151645)
 
 
 # ---------------------------------------------------------------- in-process runtime
 
 @pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
 def test_w1_equals_a_plain_serial_decoder(tiny_sdar_dir: Path, algorithm: str) -> None:
-    sched = local_engine(tiny_sdar_dir, algorithm, True, wavefront=1)
+    engine = local_engine(tiny_sdar_dir, algorithm, True, wavefront=1)
     prompt = list(range(5, 5 + 14))
-    worker = sched.worker  # type: ignore[attr-defined]
-    assert run_to_end(sched, prompt, 22) == serial_generate(worker.runner, worker.algo, prompt,
-                                                            22)
+    worker = engine.worker
+    assert run_to_end(engine, prompt, 22) == serial_generate(worker.runner, worker.algo, prompt,
+                                                             22)
 
 
 @pytest.mark.parametrize("page_size", [8, 12])
@@ -139,10 +136,11 @@ def test_pages_a_multiple_of_the_block_give_the_same_tokens(tiny_sdar_dir: Path,
                                                             page_size: int) -> None:
     prompt = list(range(100, 100 + 13))
     want = run_to_end(local_engine(tiny_sdar_dir, "JointThreshold", True, wavefront=2), prompt, 26)
-    sched = local_engine(tiny_sdar_dir, "JointThreshold", True, wavefront=2, page_size=page_size)
-    assert sched.worker.runner.page_size == page_size  # type: ignore[attr-defined]
-    assert run_to_end(sched, prompt, 26) == want
-    sched.check_integrity()
+    engine = local_engine(tiny_sdar_dir, "JointThreshold", True, wavefront=2,
+                          page_size=page_size)
+    assert engine.worker.runner.page_size == page_size
+    assert run_to_end(engine, prompt, 26) == want
+    engine.sched.check_integrity()
     with pytest.raises(ValueError, match="multiple of"):
         local_engine(tiny_sdar_dir, "LowConfidence", True, page_size=6)
 
@@ -150,19 +148,18 @@ def test_pages_a_multiple_of_the_block_give_the_same_tokens(tiny_sdar_dir: Path,
 @pytest.mark.parametrize("fdfo", [True, False])
 def test_wavefront_retired_kv_equals_serial_recomputation(tiny_sdar_moe_dir: Path,
                                                           fdfo: bool) -> None:
-    sched = local_engine(tiny_sdar_moe_dir, "JointThreshold", fdfo, wavefront=3,
-                         token_threshold=0.0)
-    runner: ModelRunner = sched.worker.runner  # type: ignore[attr-defined]
+    engine = local_engine(tiny_sdar_moe_dir, "JointThreshold", fdfo, wavefront=3,
+                          token_threshold=0.0)
+    sched, runner = engine.sched, engine.worker.runner
+    assert isinstance(runner, ModelRunner)
     for rid, ids in {"a": list(range(3, 40)), "b": list(range(40, 49))}.items():
-        sched.add_request(GenerateReq(rid, np.asarray(ids),
-                                      SamplingParams(max_new_tokens=60, ignore_eos=True), 0.0))
-    widths = set()
-    while min((r.blocks for r in sched.running), default=0) < 4:
-        sched.step()
-        widths |= {len(r.dllm_incomplete_ids) for r in sched.running
-                   if r.dllm_incomplete_ids is not None}
+        engine.submit(rid, ids, max_new_tokens=60, ignore_eos=True)
+    widths: set[int] = {0}
+    while min((r.blocks for r in sched.running.values()), default=0) < 4:
+        engine.step()
+        widths |= {len(r.blocks) for r in engine.worker.batch.reqs.values()}
     assert max(widths) > 1, "no request ever had more than one active block"
-    for req in sched.running:
+    for req in sched.running.values():
         n = req.committed_len
         tokens = (list(req.input_ids) + req.output_ids)[:n]
         slots = runner.kv.slots(torch.full((n,), req.holding.slot), torch.arange(n))
