@@ -10,6 +10,7 @@ With one block per request (wavefront size 1) N == B.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ class DenoiseBatch:
     active block), temperatures (0 = greedy), top_ps, seeds; params: per-request values (B,) on
     the device of the settings a request may override. Per block (host): block_steps (N,),
     forwards each block has had since it opened (the step being taken not counted).
+    The worker makes a new DenoiseBatch whenever its rows change and steps the same one until
+    then; `layout_cache` holds what an algorithm derives from the rows once per layout (e.g. a
+    per-row table uploaded once instead of every step).
     """
 
     block_ids: torch.Tensor
@@ -33,6 +37,7 @@ class DenoiseBatch:
     seeds: list[int]
     params: dict[str, torch.Tensor]
     block_steps: np.ndarray
+    layout_cache: dict[str, Any] = field(default_factory=dict, repr=False)
     _row_req: torch.Tensor | None = field(default=None, repr=False)
 
     @property
