@@ -73,11 +73,12 @@ class LocalEngine:
 
 
 def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
-                 mrr: int = 2, **wavefront_kw: float | bool) -> LocalEngine:
+                 mrr: int = 2, page_size: int | None = None,
+                 **wavefront_kw: float | bool) -> LocalEngine:
     """The real model runner (CPU, fp32) under a local scheduler + worker."""
     args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
                       dllm_fdfo=fdfo, max_running_requests=mrr, chunked_prefill_size=32,
-                      dllm_wavefront_size=wavefront)
+                      dllm_wavefront_size=wavefront, page_size=page_size)
     cfg = EngineConfig.resolve(args)
     wcfg = cfg.worker()
     mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
