@@ -13,12 +13,12 @@ no checkpoint on disk) and run through the real ModelRunner. For each batch size
 length (~1k, ~4k: each request's prefix drawn in [0.9 P, P], block-aligned, its pages scattered
 in the pool) one round = forward over the B blocks (the architecture's block size: 32 for
 LLaDA2, 4 for SDAR) + LowConfidence's step (at the architecture's default threshold), timed
-with CUDA events (median of --iters after --warmup). Backends: "triton+graphs" (the engine's
-default GPU path: the forward replays a CUDA graph captured for its batch size, the step runs
-eagerly), "triton" (the same kernels, eager: Triton attention and MoE, fused norms/RoPE/KV
-store, the fused step) and "torch" (the plain PyTorch reference, no custom kernels, no
-graphs). The floor is the larger of exact
-bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
+with CUDA events (median of --iters after --warmup). The round runs on the worker's own path
+(managers/worker.py: its row storage, and for "triton+graphs" the CUDA graph of forward + greedy
+step captured for the batch size). Backends: "triton+graphs" (the engine's default GPU path),
+"triton" (the same kernels, eager: Triton attention and MoE, fused norms/RoPE/KV store, the
+fused step) and "torch" (the plain PyTorch reference, no custom kernels, no graphs). The floor
+is the larger of exact bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
 (benchmarks/round_cost.py). Runs on the CPU too (wall-clock timing, assumed ceilings) for a
 smoke test with --preset tiny.
 """
@@ -44,9 +44,12 @@ from torch import nn
 
 from benchmarks.common import git_commit, write_json
 from benchmarks.round_cost import RoundCost, round_cost
-from dllm_serve.dllm.algorithms import DenoiseBatch, DllmAlgorithm, build_algorithm
+from dllm_serve.dllm.algorithms import DenoiseBatch, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.denoise_step import denoise_step
+from dllm_serve.dllm.modes import RoundMode
 from dllm_serve.layers.moe import Experts, route
+from dllm_serve.managers.worker import Worker
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import random_model
@@ -97,34 +100,34 @@ def scatter_pages(runner: ModelRunner, prefixes: list[int], rng: np.random.Gener
         runner.add_pages(slot, 0, pool[e - n:e])
 
 
-def denoise_batch(ids: torch.Tensor, prefixes: list[int]) -> DenoiseBatch:
-    """A greedy DenoiseBatch, one block per request."""
+def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
+             ) -> tuple[Callable[[], None], ForwardBatch]:
+    """One round (forward + step) over fresh half-masked blocks in the worker's row storage,
+    repeatable, run as the worker runs it (one graph replay when a step graph holds the
+    batch); fb: an eager ForwardBatch of the same blocks."""
+    runner, algo, storage = worker.runner, worker.algo, worker.storage
     b = len(prefixes)
-    return DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
-                        temperatures=[0.0] * b, top_ps=[1.0] * b, seeds=[0] * b, params={},
-                        block_steps=np.zeros(b, dtype=np.int64))
+    shape = (b, runner.block_size)
+    init = torch.from_numpy(rng.integers(0, runner.model.config.vocab_size, shape))
+    init = torch.where(torch.rand(shape) < 0.5, algo.mask_id, init).to(runner.device)
+    storage.write_meta(np.arange(b), np.asarray(prefixes), np.zeros(b, np.int64),
+                       np.repeat(storage.defaults[:, None], b, axis=1))
+    ids, state = storage.views(b)
+    batch = DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
+                         temperatures=[0.0] * b, top_ps=[1.0] * b, seeds=[0] * b,
+                         params=storage.req_params, block_steps=np.zeros(b, dtype=np.int64))
+    batch.bind_rows(storage.row_req[:b], storage.row_start[:b], storage.row_seed[:b])
+    slots, blocks = list(range(b)), [1] * b
+    run = runner.prepare_denoise(slots, prefixes, blocks, ids)
 
-
-def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
-             rng: np.random.Generator) -> tuple[Callable[[], None], ForwardBatch]:
-    """One round (forward + step) over fresh half-masked blocks, repeatable; the forward is the
-    engine's (a graph replay when the runner captured graphs); fb: an eager batch of it."""
-    vocab = runner.model.config.vocab_size
-    shape = (len(prefixes), runner.block_size)
-    init = torch.from_numpy(rng.integers(0, vocab, shape)).to(runner.device)
-    init = torch.where(torch.rand(init.shape, device=runner.device) < 0.5, algo.mask_id, init)
-    ids = init.clone()
-    batch = denoise_batch(ids, prefixes)
-    slots = list(range(len(prefixes)))
-    blocks = [1] * len(prefixes)
-    forward = runner.denoise_forward(slots, prefixes, blocks, ids)
-    state = algo.init_step_state(ids)
-
-    def run() -> None:
+    def one_round() -> None:
         ids.copy_(init)
-        algo.step(batch, forward(), state)
+        if run.step is not None:
+            run.step()
+        else:
+            denoise_step(algo, batch, run.forward(), state, worker.spec)
 
-    return run, runner.denoise_batch(slots, prefixes, blocks, ids)
+    return one_round, runner.denoise_batch(slots, prefixes, blocks, ids)
 
 
 def time_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
@@ -207,6 +210,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
                          dtype)
     algo = build_algorithm(dllm_config(hf))
     algo.fused_predict = BACKENDS[backend][2]
+    worker = Worker(runner, algo, RoundMode())  # its row storage; captures the graphs
     if BACKENDS[backend][3] and device.type == "cuda" and runner.graphs is None:
         print(f"{backend}: graph capture failed (see the log): these rows run eagerly",
               flush=True)
@@ -216,7 +220,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
             rng = np.random.default_rng(batch * 7919 + prefix)
             prefixes = ragged_prefixes(batch, prefix, runner.block_size, rng)
             scatter_pages(runner, prefixes, rng)
-            fn, fb = round_fn(runner, algo, prefixes, rng)
+            fn, fb = round_fn(worker, prefixes, rng)
             with torch.inference_mode():
                 ms = time_ms(fn, args.warmup, args.iters, device)
                 if args.out and [batch, prefix] == args.profile:
@@ -228,7 +232,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
                          "prefixes": prefixes, "round_ms": ms,
                          "experts_touched": experts_touched(runner, fb)})
             print(f"{backend:13s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
-    del runner, fn, fb  # frees the KV pool and the graphs before the next backend
+    del runner, worker, fn, fb  # frees the KV pool and the graphs before the next backend
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

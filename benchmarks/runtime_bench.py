@@ -8,6 +8,10 @@ Suites (each setting is one Engine; per concurrency C, C prompts run at once, th
 once as warm-up, then --repeats timed runs of which the fastest is reported):
 - default-model: the built-in model (its weights), LowConfidence, EOS honoured, 128 new tokens,
   GSM8K questions; FDFO and sync at W=1, and FDFO at W=2 (at the W=2 concurrencies).
+- default-heldout: the same model on what it was trained for (held-out arithmetic word
+  problems, benchmarks/results/default_model/heldout_seed7_256.jsonl) with JointThreshold,
+  where blocks finish in a few forwards and the wavefront raises tokens per forward; FDFO and
+  sync at W=1 and FDFO at W=2, at the W=2 concurrencies.
 - mini-lognormal / mini-histogram: LLaDA2.0-mini's shapes with random weights (no checkpoint
   on disk) and the benchmark-only algorithm benchmarks/scheduled_denoise.py: each block takes a
   forward count drawn from a lognormal (mean 12, spread 0.5, 2..32) or from the built-in model's
@@ -38,6 +42,7 @@ from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
 
 PLUGIN = "benchmarks.scheduled_denoise:ScheduledDenoise"
 HISTOGRAM = Path(__file__).parent / "data" / "default_model_block_forwards.json"
+HELDOUT = Path(__file__).parent / "results" / "default_model" / "heldout_seed7_256.jsonl"
 
 
 @dataclass
@@ -55,6 +60,8 @@ class Suite:
     settings: list[Setting] = field(default_factory=list)
     mini: bool = False  # random weights at LLaDA2.0-mini's shapes
     algorithm_yaml: str | None = None  # the ScheduledDenoise settings
+    algorithm: str | None = None  # default: the engine's
+    data_path: str | None = None  # prompts ("question" lines); default: GSM8K test
 
 
 def suites(ns: argparse.Namespace) -> dict[str, Suite]:
@@ -63,10 +70,15 @@ def suites(ns: argparse.Namespace) -> dict[str, Suite]:
         Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, c),
         Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, c),
         Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, w2)])
+    heldout = Suite("default-heldout", 128, False, [
+        Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, w2),
+        Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, w2),
+        Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, w2)],
+        algorithm="JointThreshold", data_path=str(HELDOUT))
     mc = ns.mini_concurrency
     mini = [Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, mc),
             Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, mc)]
-    return {"default-model": default,
+    return {"default-model": default, "default-heldout": heldout,
             "mini-lognormal": Suite("mini-lognormal", 256, True, mini, True, "mean: 12.0\n"),
             "mini-histogram": Suite("mini-histogram", 256, True, mini, True,
                                     f"histogram: {HISTOGRAM}\n")}
@@ -75,7 +87,8 @@ def suites(ns: argparse.Namespace) -> dict[str, Suite]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", nargs="+", default=["default-model"],
-                   choices=["default-model", "mini-lognormal", "mini-histogram"])
+                   choices=["default-model", "default-heldout", "mini-lognormal",
+                            "mini-histogram"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 32, 64])
     p.add_argument("--w2-concurrency", type=int, nargs="+", default=[16])
@@ -93,6 +106,8 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
                           "log_level": "warning", **setting.engine}
     if ns.device == "cuda":
         kw.update(attention_backend="triton", moe_backend="triton")
+    if suite.algorithm is not None:
+        kw.update(dllm_algorithm=suite.algorithm)
     if suite.mini:
         kw.update(model_path=model, load_format="dummy", dllm_algorithm=PLUGIN,
                   dllm_algorithm_config=yaml_path, context_length=1024,
@@ -122,7 +137,7 @@ def best_run(ns: argparse.Namespace, engine: Any, trace: str, suite: Suite,
              c: int) -> dict[str, Any]:
     tokens = ns.max_new_tokens or suite.max_new_tokens
     params = {"max_new_tokens": tokens, "ignore_eos": suite.ignore_eos, "temperature": 0.0}
-    prompts = gsm8k_questions(c, seed=c)
+    prompts = gsm8k_questions(c, suite.data_path, seed=c)
     engine.generate(prompts, params)  # warm-up: the measured call itself
     runs = [timed(engine, trace, prompts, params) for _ in range(ns.repeats)]
     best = max(runs, key=lambda r: r["output_tokens_per_s"])

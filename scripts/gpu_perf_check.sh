@@ -80,8 +80,8 @@ stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_t
 
 # 6. (optional) The runtime (issue 12): FDFO vs sync and W=2 vs W=1 on the built-in model;
 #    FDFO vs sync at LLaDA2.0-mini's shapes with benchmarks/scheduled_denoise.py's schedules.
-stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py --suite default-model \
-  --out "$RUN/runtime_default.json"
+stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py \
+  --suite default-model default-heldout --out "$RUN/runtime_default.json"
 stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py --suite mini-lognormal \
   mini-histogram --repeats 2 --out "$RUN/runtime_mini.json"
 
@@ -96,7 +96,7 @@ stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.p
   grep -h -E '^(fdfo|sync) graphs=|=== engine' "$RUN"/engine*.log; echo '```'
   echo "## attention"; echo '```'; grep -h -E '^best|=== attention' "$RUN/attention.log"; echo '```'
   echo "## runtime"; echo '```'
-  grep -h -E '^(default-model|mini-|fdfo_over|w2_over)|=== runtime' "$RUN"/runtime*.log; echo '```'
+  grep -h -E '^(default-|mini-|fdfo_over|w2_over)|=== runtime' "$RUN"/runtime*.log; echo '```'
   echo "## notes"; echo '```'
   grep -h -i -E 'capture failed|run eagerly|Traceback|Error:' "$RUN"/*.log | sort | uniq -c | head -n 15
   echo '```'

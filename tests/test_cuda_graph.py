@@ -61,8 +61,11 @@ def test_fill_meta_pads_with_scratch_blocks() -> None:
 
 
 def runner_for(args: ServerArgs) -> tuple[ModelRunner, int]:
+    """A runner with its forward graphs captured (on CUDA; the worker would add its step)."""
     cfg = EngineConfig.resolve(args).worker().runner
-    return ModelRunner(cfg), cfg.mask_id
+    runner = ModelRunner(cfg)
+    runner.capture_graphs()
+    return runner, cfg.mask_id
 
 
 def make_runner(model_dir: Path, device: str = "cpu", **kw: object) -> tuple[ModelRunner, int]:

@@ -214,6 +214,7 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
                       context_length=4200, max_total_tokens=64 * 4300)
     cfg = EngineConfig.resolve(args).worker().runner
     runner = ModelRunner(cfg)
+    runner.capture_graphs()  # the forward graphs (the worker adds its step)
     graphs = runner.graphs
     assert graphs is not None and graphs.buckets[-1] == 64  # 32 requests x wavefront 2
     for t in runner.kv.k + runner.kv.v:
@@ -229,7 +230,7 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
         ids = torch.randint(0, 151000, (requests * blocks, BLOCK), device="cuda")
         ids[:, ::2] = cfg.mask_id
         slots, num_blocks = list(range(requests)), [blocks] * requests
-        replay = graphs.prepare(slots, starts, num_blocks, ids)().clone()  # type: ignore[misc]
+        replay = graphs.prepare(slots, starts, num_blocks, ids).forward().clone()  # type: ignore[union-attr]
         bucket = pick_bucket(requests * blocks, graphs.buckets)
         eager_static = graphs._forward(graphs.forwards[bucket])[:replay.shape[0]]  # type: ignore[index]
         assert torch.equal(replay, eager_static)
