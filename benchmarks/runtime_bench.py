@@ -16,6 +16,8 @@ once as warm-up, then --repeats timed runs of which the fastest is reported):
   on disk) and the benchmark-only algorithm benchmarks/scheduled_denoise.py: each block takes a
   forward count drawn from a lognormal (mean 12, spread 0.5, 2..32) or from the built-in model's
   measured histogram; 256 new tokens; FDFO and sync.
+--prompts-per-slot P > 1 gives each run P x C prompts with at most C in flight (C client threads,
+each sending its next prompt when its last one finished): a queue, as a server sees it.
 Per run: output tokens/s, and from the worker's trace (benchmarks/trace_summary.py) the device's
 busy and idle shares of the run, mean forward time and host work per forward. The JSON keeps
 every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
@@ -28,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mini-concurrency", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=None, help="override the suites'")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts-per-slot", type=int, default=1,
+                   help="P x C prompts per run, at most C in flight (default 1: C at once)")
     p.add_argument("--out", default=None, help="JSON results")
     return p.parse_args(argv)
 
@@ -137,18 +142,28 @@ def best_run(ns: argparse.Namespace, engine: Any, trace: str, suite: Suite,
              c: int) -> dict[str, Any]:
     tokens = ns.max_new_tokens or suite.max_new_tokens
     params = {"max_new_tokens": tokens, "ignore_eos": suite.ignore_eos, "temperature": 0.0}
-    prompts = gsm8k_questions(c, suite.data_path, seed=c)
-    engine.generate(prompts, params)  # warm-up: the measured call itself
-    runs = [timed(engine, trace, prompts, params) for _ in range(ns.repeats)]
+    prompts = gsm8k_questions(c * ns.prompts_per_slot, suite.data_path, seed=c)
+    generate(engine, prompts, params, c)  # warm-up: the measured call itself
+    runs = [timed(engine, trace, prompts, params, c) for _ in range(ns.repeats)]
     best = max(runs, key=lambda r: r["output_tokens_per_s"])
-    return {"concurrency": c, **best, "tok_s_repeats": [r["output_tokens_per_s"] for r in runs]}
+    return {"concurrency": c, "prompts": len(prompts), **best,
+            "tok_s_repeats": [r["output_tokens_per_s"] for r in runs]}
 
 
-def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any]
-          ) -> dict[str, Any]:
+def generate(engine: Any, prompts: list[str], params: dict[str, Any],
+             c: int) -> list[dict[str, Any]]:
+    """All prompts, at most c in flight: one call when they fit, else c client threads."""
+    if len(prompts) <= c:
+        return engine.generate(prompts, params)
+    with ThreadPoolExecutor(max_workers=c) as pool:
+        return list(pool.map(lambda p: engine.generate(p, params), prompts))
+
+
+def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any],
+          c: int) -> dict[str, Any]:
     before = engine.get_server_info()["stats"]
     start = time.monotonic()
-    outs = engine.generate(prompts, params)
+    outs = generate(engine, prompts, params, c)
     end = time.monotonic()
     after = engine.get_server_info()["stats"]
     time.sleep(0.3)  # the worker writes its last trace records once it is idle

@@ -78,16 +78,22 @@ class ScheduledDenoise(DllmAlgorithm):
         """(N,) forwards the blocks at `start` of requests with `seed` take."""
         u, c = uniform(seed, start), self.config
         if self.table is not None:
-            table = self.table.to(seed.device)
+            table = self.table
             f = table[(u * len(table)).long().clamp(max=len(table) - 1)]
         else:
             mu = math.log(c.mean) - c.spread**2 / 2  # so that the mean is c.mean
             f = torch.exp(mu + c.spread * torch.special.ndtri(u)).round().long()
         return f.clamp(c.min_forwards, c.max_forwards)
 
+    def bind_device(self, device: torch.device) -> None:
+        if self.table is not None:
+            self.table = self.table.to(device)
+
     def forwards(self, seed: int, start: int) -> int:
-        """draw() for one block, on the CPU."""
-        return int(self.draw(torch.tensor([seed]), torch.tensor([start]))[0])
+        """draw() for one block, on the algorithm's device."""
+        dev = self.table.device if self.table is not None else torch.device("cpu")
+        return int(self.draw(torch.tensor([seed], device=dev),
+                             torch.tensor([start], device=dev))[0])
 
     def init_step_state(self, block_ids: torch.Tensor) -> State:
         return {"age": torch.zeros(block_ids.shape[0], dtype=torch.int64,

@@ -148,6 +148,8 @@ class ResidentBatch:
         reqs = [r for r in self.reqs.values() if r.blocks]
         rows = [b for r in reqs for b in r.blocks]
         old = self.current
+        if old is not None and _same_shape(old, reqs, rows):
+            return self._renew(old, rows)
         fresh = [b for b in rows if b.row < 0]
         n_old = len(old.rows) if old is not None else 0
         index = np.empty(len(rows), dtype=np.int64)
@@ -183,6 +185,30 @@ class ResidentBatch:
         batch.bind_rows(s.row_req[:n], s.row_start[:n], s.row_seed[:n])
         owners = [r for r in reqs for _ in r.blocks]
         return Layout(reqs, rows, owners, batch, state)
+
+    def _renew(self, old: Layout, rows: list[Block]) -> Layout:
+        """The same requests with the same block counts, surviving blocks in place (FDFO's
+        common case: a request's finished block replaced by its next one): only the rows of
+        new blocks are written, in place; a new Layout (in-flight launches keep the old)."""
+        at = np.array([i for i, b in enumerate(rows) if b.row < 0], dtype=np.int64)
+        fresh = [rows[i] for i in at]
+        ids = to_device(np.stack([b.init_ids for b in fresh]).astype(np.int64), self.device)
+        state = self._fresh_state(ids, fresh)
+        self.storage.write_rows(at, ids, state, np.array([b.start for b in fresh]))
+        steps = old.steps.copy()
+        steps[at] = [b.init_steps for b in fresh]
+        for r in old.reqs:
+            r.past_forwards += old.launches
+        for b in old.rows:
+            if not b.alive:
+                b.row = -1
+        for i, b in zip(at.tolist(), fresh, strict=True):
+            b.row, b.init_ids, b.init_state = i, None, None
+        o = old.batch
+        batch = DenoiseBatch(o.block_ids, o.num_blocks, [r.first_start for r in old.reqs],
+                             o.temperatures, o.top_ps, o.seeds, o.params, steps)
+        batch.bind_rows(o.row_req, o.row_start, o.row_seed)
+        return Layout(old.reqs, rows, old.owners, batch, old.state)
 
     def _retire_layout(self, old: Layout | None) -> None:
         """Fold the replaced layout's counters into its requests; its rows leave it."""
@@ -244,3 +270,14 @@ class ResidentBatch:
                 ids.append(np.asarray(b.init_ids))
                 states.append(b.init_state)
         return np.stack(ids), states
+
+
+def _same_shape(old: Layout, reqs: list[DeviceReq], rows: list[Block]) -> bool:
+    """The same requests in the same order with the same block counts, and every surviving
+    block at its old row (only new blocks take the places of retired ones)."""
+    if len(reqs) != len(old.reqs) or any(a is not b for a, b in zip(reqs, old.reqs,
+                                                                      strict=True)):
+        return False
+    if [len(r.blocks) for r in reqs] != old.batch.num_blocks:
+        return False
+    return all(b.row in (i, -1) for i, b in enumerate(rows))

@@ -47,6 +47,16 @@ class RowStorage:
             for key, value in state.items():
                 self.state[key][:n].copy_(value)
 
+    def write_rows(self, at: np.ndarray, ids: torch.Tensor, state: State | None,
+                   starts: np.ndarray) -> None:
+        """Rows `at` (M,) := ids (M, K), state (M, ...) and block starts (M,); the rest stay."""
+        idx = to_device(at.astype(np.int64), self.device)
+        self.ids[idx] = ids
+        if state is not None and self.state is not None:
+            for key, value in state.items():
+                self.state[key][idx] = value
+        self.row_start[idx] = to_device(starts.astype(np.int64), self.device)
+
     def write_meta(self, row_req: np.ndarray, row_start: np.ndarray, row_seed: np.ndarray,
                    params: np.ndarray) -> None:
         """Per-row request index, block start and seed (N,); per-request params (P, B)."""

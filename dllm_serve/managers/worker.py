@@ -81,6 +81,7 @@ class Worker:
         self.spec = StepSpec(mode.wavefront.size > 1,
                              algo.readiness_threshold() if tau is None else tau,
                              mode.wavefront.spawn_threshold)
+        algo.bind_device(runner.device)
         rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
         self.storage = RowStorage(algo, rows, self.k, runner.device)
         self.batch = ResidentBatch(algo, self.storage)

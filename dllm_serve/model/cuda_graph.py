@@ -174,15 +174,31 @@ class DenoiseGraphs:
             static = self.forwards[bucket]
             self._fill(bucket, [], [], [])  # all pad blocks: writes go to the scratch page
             static.graph = self._capture(lambda s=static: self._forward(s), pool, side)
-            if self.step is not None:
-                static.step_graph = self._capture(
-                    lambda s=static, b=bucket: self._forward_step(s, b), pool, side)
+        if self.step is not None:
+            self._capture_steps(pool, side)
         torch.cuda.synchronize()
         self.captured = True
         logger.info("captured %d CUDA graphs (buckets %s blocks%s) in %.1f s",
                     len(self.buckets) * (2 if self.step else 1), self.buckets,
                     ", forward and forward + step" if self.step else "",
                     time.perf_counter() - start)
+
+    def _capture_steps(self, pool: object, side: torch.cuda.Stream) -> None:
+        """The forward + step graphs; if the step cannot be captured, warn and keep only the
+        forward graphs (the step then runs eagerly on their logits)."""
+        try:
+            for bucket in sorted(self.buckets, reverse=True):
+                static = self.forwards[bucket]
+                self._fill(bucket, [], [], [])
+                static.step_graph = self._capture(
+                    lambda s=static, b=bucket: self._forward_step(s, b), pool, side)
+        except Exception as e:
+            logger.warning("the decoding step could not be captured in a CUDA graph (%s: %s); "
+                           "it runs eagerly after the forward graphs", type(e).__name__, e)
+            torch.cuda.synchronize()
+            self.step = None
+            for static in self.forwards.values():
+                static.step_graph = None
 
     def _forward_step(self, static: StaticForward, bucket: int) -> None:
         assert self.step is not None

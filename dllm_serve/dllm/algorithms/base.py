@@ -126,6 +126,11 @@ class DllmAlgorithm(ABC):
     def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
         """(N,) bool, after a step: the blocks the next step will report done on entry."""
 
+    def bind_device(self, device: torch.device) -> None:
+        """Move whatever tensors the algorithm holds to the worker's device (called once,
+        before any CUDA graph is captured). Default: it holds none."""
+        return None
+
     def readiness_threshold(self) -> float:
         """The wavefront's default tau: confidence a masked position needs to count as ready
         (--dllm-spawn-token-threshold overrides it). Algorithms with a threshold return it."""
