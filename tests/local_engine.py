@@ -47,6 +47,7 @@ class LocalEngine:
     def step(self) -> bool:
         """One iteration; False when there was nothing to do."""
         if self.idle:
+            self._collect()
             return False
         self.sched.schedule()
         items = self.sched.take_worker_items()
@@ -55,10 +56,13 @@ class LocalEngine:
         if report is not None:
             self.reports.append(report)
             self.sched.on_report(report)
+        self._collect()
+        return True
+
+    def _collect(self) -> None:
         for out in self.sched.take_outputs():
             if isinstance(out, ReqOutput):
                 self.outputs.setdefault(out.rid, []).append(out)
-        return True
 
     def run(self, limit: int = 5000, check: bool = True) -> dict[str, list[ReqOutput]]:
         for _ in range(limit):
