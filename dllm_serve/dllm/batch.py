@@ -21,10 +21,11 @@ class DenoiseBatch:
 
     Per request (B of them, host): num_blocks, first_starts (absolute position of the leftmost
     active block), limits (end position up to which blocks may be opened), temperatures
-    (0 = greedy), top_ps, seeds; params: per-request values (B,) on the device of the
-    settings a request may override. Per block (host): block_steps (N,), forwards each block
-    has had since it opened. confidence (N, K): set by the last predict(), the confidence of
-    each predicted token (the wavefront's spawn gate reads it).
+    (0 = greedy), top_ps, seeds, top_ks and min_ps (empty: off for every request); params:
+    per-request values (B,) on the device of the settings a request may override. Per block
+    (host): block_steps (N,), forwards each block has had since it opened. confidence (N, K):
+    set by the last predict(), the confidence of each predicted token (the wavefront's spawn
+    gate reads it).
     """
 
     block_ids: torch.Tensor
@@ -38,6 +39,8 @@ class DenoiseBatch:
     block_steps: np.ndarray
     confidence: torch.Tensor | None = None
     _row_req: torch.Tensor | None = field(default=None, repr=False)
+    top_ks: list[int] = field(default_factory=list)
+    min_ps: list[float] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -96,7 +99,8 @@ class DenoiseBatch:
         steps = np.concatenate([self.block_steps, np.zeros(fresh, dtype=np.int64)])[order]
         batch = DenoiseBatch(
             torch.cat([self.block_ids, new_rows])[idx], counts, self.first_starts, self.limits,
-            self.temperatures, self.top_ps, self.seeds, self.params, steps)
+            self.temperatures, self.top_ps, self.seeds, self.params, steps,
+            top_ks=self.top_ks, min_ps=self.min_ps)
         return batch, idx
 
     def _offsets(self) -> list[int]:

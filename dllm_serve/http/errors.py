@@ -2,7 +2,10 @@
 
 Every non-2xx answer of the server has this body, whatever raised it: our `APIError`, the
 engine's `RequestError` (400) and `EngineDeadError` (500), FastAPI's validation errors (400,
-never 422), Starlette's 404/405, and any other exception (500, logged with its traceback).
+never 422), Starlette's 404/405, and any other exception (500).
+A 5xx never carries a traceback, a file path or an engine's internal message: the client gets
+a short message and the request id (also in the `x-request-id` header), and the log gets the
+details under the same id.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 
 from dllm_serve.errors import EngineDeadError, RequestError
 
@@ -63,12 +67,23 @@ def unavailable(message: str) -> APIError:
 
 
 def from_finish_reason(reason: Mapping[str, Any]) -> APIError | None:
-    """The error carried by an engine abort with a status (queue full: 503, too big: 400)."""
+    """The error carried by an engine abort with a status (queue full: 503, too big: 400; a
+    failed engine: 500, whose internal message stays in the log)."""
     status = reason.get("status_code")
     if reason.get("type") != "abort" or status is None:
         return None
+    if int(status) >= 500:
+        return EngineFailed(str(reason.get("message", "")))
     headers = NO_RETRY if status == 503 else None
     return APIError(int(status), str(reason.get("message", "aborted")), headers=headers)
+
+
+class EngineFailed(APIError):
+    """A request the engine failed (it died); `detail` is for the log only."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(500, ENGINE_DEAD)
+        self.detail = detail
 
 
 def raise_if_failed(finish_reason: Mapping[str, Any] | None) -> None:
@@ -77,16 +92,36 @@ def raise_if_failed(finish_reason: Mapping[str, Any] | None) -> None:
         raise err
 
 
-def as_api_error(exc: BaseException) -> APIError:
-    """Map any exception to the APIError it is answered with."""
-    if isinstance(exc, APIError):
-        return exc
+ENGINE_DEAD = "The engine has died; the server cannot serve requests."
+
+
+def as_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
+    """Map any exception to the APIError it is answered with; a 5xx is logged with the
+    request id and answered with a short message naming that id."""
     if isinstance(exc, RequestError):
         return APIError(exc.status, str(exc), param=exc.param)
-    if isinstance(exc, EngineDeadError):
-        return APIError(500, f"The engine is dead: {exc}")
-    logger.error("internal error", exc_info=exc)
-    return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}")
+    if isinstance(exc, APIError) and exc.status < 500:
+        return exc
+    if isinstance(exc, (EngineDeadError, EngineFailed)):
+        detail = exc.detail if isinstance(exc, EngineFailed) else str(exc)
+        logger.error("request %s failed, the engine died: %s", request_id, detail)
+        return _with_id(APIError(500, ENGINE_DEAD), request_id)
+    if isinstance(exc, APIError):
+        return _with_id(exc, request_id)
+    logger.error("internal error in request %s", request_id, exc_info=exc)
+    return _with_id(APIError(500, "Internal server error."), request_id)
+
+
+def _with_id(err: APIError, request_id: str | None) -> APIError:
+    if request_id is None:
+        return err
+    return APIError(err.status, f"{err.message} (request id {request_id})", err.param,
+                    err.code, err.headers)
+
+
+def request_id(conn: HTTPConnection) -> str | None:
+    """The id the request-id middleware gave this request."""
+    return conn.scope.get("state", {}).get("request_id")
 
 
 def validation_message(errors: list[Any]) -> tuple[str, str | None]:
@@ -102,8 +137,8 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
 def install_handlers(app: FastAPI) -> None:
     """Route every exception FastAPI can see to an OpenAI-shaped error response."""
 
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
-        return as_api_error(exc).response()
+    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
+        return as_api_error(exc, request_id(request)).response()
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

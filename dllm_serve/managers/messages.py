@@ -118,6 +118,8 @@ class DenoiseWork:
     top_ps: list[float]
     seeds: list[int]
     params: list[dict[str, float]]  # per-request algorithm overrides
+    top_ks: list[int] = field(default_factory=list)  # per request; empty: off
+    min_ps: list[float] = field(default_factory=list)
 
 
 @dataclass

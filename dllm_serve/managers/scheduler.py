@@ -183,7 +183,8 @@ class Scheduler:
                                   for s in (r.block_steps or [0] * len(b))], dtype=np.int64),
             temperatures=[r.params.temperature for r in reqs],
             top_ps=[r.params.top_p for r in reqs], seeds=[r.seed for r in reqs],
-            params=[r.params.dllm for r in reqs])
+            params=[r.params.dllm for r in reqs], top_ks=[r.params.top_k for r in reqs],
+            min_ps=[r.params.min_p for r in reqs])
         self.inflight = reqs
         for req, limit in zip(reqs, work.limits, strict=True):
             self._add_row(work, req, limit)

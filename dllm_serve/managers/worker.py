@@ -68,7 +68,7 @@ class Worker:
             block_ids=torch.from_numpy(work.block_ids).to(device), num_blocks=work.num_blocks,
             first_starts=work.first_starts, limits=work.limits, temperatures=work.temperatures,
             top_ps=work.top_ps, seeds=work.seeds, params=self._params(work),
-            block_steps=work.block_steps.copy())
+            block_steps=work.block_steps.copy(), top_ks=work.top_ks, min_ps=work.min_ps)
 
     def _params(self, work: DenoiseWork) -> dict[str, torch.Tensor]:
         """Per-request values (B,) of the settings any request overrides."""
