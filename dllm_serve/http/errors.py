@@ -72,7 +72,7 @@ def from_finish_reason(reason: Mapping[str, Any]) -> APIError | None:
     status = reason.get("status_code")
     if reason.get("type") != "abort" or status is None:
         return None
-    if int(status) >= 500:
+    if int(status) == 500:
         return EngineFailed(str(reason.get("message", "")))
     headers = NO_RETRY if status == 503 else None
     return APIError(int(status), str(reason.get("message", "aborted")), headers=headers)
