@@ -26,7 +26,7 @@ OPENAI: Final = "openai"  # /v1/completions and /v1/chat/completions bodies
 CHAT: Final = "chat"  # /v1/chat/completions only
 
 ANY: Final = ("<any value>",)  # `off` of a field that is ignored whatever it holds
-_NONE_LIST: Final = ("<null or a list of nulls>",)  # lora_path: null per prompt
+NONE_LIST: Final = ("<null or a list of nulls>",)  # lora_path: null per prompt
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ FIELDS: Final[dict[str, Unused]] = {
     "log_metrics": _f(ANY, GENERATE, why="every request is counted in /metrics"),
     "no_logs": _f(ANY, GENERATE, why="requests are not logged one by one"),
     "custom_labels": _f(ANY, GENERATE, OPENAI, why="metrics carry model_name only"),
-    "lora_path": _f(_NONE_LIST, GENERATE, OPENAI),
-    "lora_id": _f(_NONE_LIST, GENERATE),
+    "lora_path": _f(NONE_LIST, GENERATE, OPENAI),
+    "lora_id": _f(NONE_LIST, GENERATE),
     "image_data": _f((None, []), GENERATE, OPENAI),
     "video_data": _f((None, []), GENERATE),
     "audio_data": _f((None, []), GENERATE),
@@ -175,7 +175,7 @@ def check_unused(values: Mapping[str, Any], scope: str) -> list[str]:
 def is_off(value: Any, off: tuple[Any, ...]) -> bool:
     if off is ANY:
         return True
-    if off is _NONE_LIST:
+    if off is NONE_LIST:
         return value is None or (isinstance(value, list) and all(v is None for v in value))
     return any(_same(value, o) for o in off)
 
@@ -189,7 +189,7 @@ def _same(value: Any, off: Any) -> bool:
 
 
 def _offs(off: tuple[Any, ...]) -> str:
-    if off is _NONE_LIST:
+    if off is NONE_LIST:
         return "null"
     return " or ".join("null" if o is None else repr(o).lower() if isinstance(o, bool)
                        else repr(o) for o in off)

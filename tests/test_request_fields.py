@@ -8,7 +8,16 @@ import pytest
 
 from dllm_serve.errors import RequestError
 from dllm_serve.http import protocol
-from dllm_serve.request_fields import ANY, CHAT, FIELDS, GENERATE, OPENAI, SAMPLING, check_unused
+from dllm_serve.request_fields import (
+    ANY,
+    CHAT,
+    FIELDS,
+    GENERATE,
+    NONE_LIST,
+    OPENAI,
+    SAMPLING,
+    check_unused,
+)
 from dllm_serve.sampling_params import FLOAT32_MAX, SamplingParams
 
 EXTREMES = [1e308, -1e308, 5e-324, 3.5e38, -0.0, math.inf, math.nan, 1e400]
@@ -21,7 +30,7 @@ def test_every_field_accepts_its_off_values_and_names_itself_otherwise(name: str
     if field.off is ANY:
         check_unused({name: "anything"}, scope)
         return
-    offs = [None] if field.off == ("<null or a list of nulls>",) else field.off
+    offs = [None] if field.off is NONE_LIST else field.off
     for off in offs:
         check_unused({name: off}, scope)
     with pytest.raises(RequestError) as e:

@@ -15,7 +15,15 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from dllm_serve.errors import RequestError
-from dllm_serve.request_fields import ANY, CHAT, GENERATE, OPENAI, SAMPLING, check_unused
+from dllm_serve.request_fields import (
+    ANY,
+    CHAT,
+    GENERATE,
+    NONE_LIST,
+    OPENAI,
+    SAMPLING,
+    check_unused,
+)
 from dllm_serve.request_fields import fields_of as table_fields
 from dllm_serve.sampling_params import DLLM_PREFIX, FLOAT32_MAX, MAX_N
 
@@ -125,14 +133,27 @@ class _NativeSampling(WithOverrides):
 
 def _with_table(name: str, base: type[BaseModel], scope: str) -> Any:
     """`base` plus the table's fields of `scope`, each documented with its off values."""
-    extra = {field: (Any, Field(None, description=_describe(f.off, f.why)))
+    extra = {field: (Any, Field(None, description=_describe(f.off, f.why),
+                                json_schema_extra=_values(f.off)))
              for field, f in table_fields(scope).items() if field not in base.model_fields}
     return create_model(name, __base__=base, __doc__=base.__doc__, **extra)
+
+
+def _values(off: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The JSON-schema of the accepted values: any (ANY), null or a list of nulls, or an enum
+    of the off values."""
+    if off is ANY:
+        return None
+    if off is NONE_LIST:
+        return {"anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "null"}}]}
+    return {"enum": list(off)}
 
 
 def _describe(off: tuple[Any, ...], why: str) -> str:
     if off is ANY:
         return f"Accepted and ignored: {why}."
+    if off is NONE_LIST:
+        return "Not implemented: accepted only as null (or a list of nulls)."
     return "Not implemented: accepted only at its off value(s) " + ", ".join(
         "null" if o is None else repr(o) for o in off) + "."
 
