@@ -7,6 +7,8 @@ prompt_len + min_new_tokens).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dllm_serve.dllm.batch import DenoiseBatch
@@ -31,7 +33,8 @@ def sample_rows(batch: DenoiseBatch, logits: torch.Tensor, x: torch.Tensor) -> t
     return x
 
 
-def _at(values: list, b: int, off: float) -> float:
+def _at(values: list[Any], b: int, off: Any) -> Any:
+    """values[b], or `off` when the batch carries no values (the filter is off for all)."""
     return values[b] if values else off
 
 

@@ -60,15 +60,14 @@ def build_app(ctx: ServerContext) -> ASGIApp:
 
 def _add_generation_routes(app: FastAPI, ctx: ServerContext) -> None:
     limit = ctx.args.max_payload_size
-    stream = Doc(errors=GENERATION_ERRORS, stream=True)
 
     @app.post("/v1/completions", response_model=CompletionResponse,
-              **Doc(CompletionRequest, stream.errors, stream=True).route_kwargs())
+              **Doc(CompletionRequest, GENERATION_ERRORS, stream=True).route_kwargs())
     async def completions(request: Request) -> Response:
         return await openai_serving.create_completion(ctx, request, await read_json(request, limit))
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-              **Doc(ChatCompletionRequest, stream.errors, stream=True).route_kwargs())
+              **Doc(ChatCompletionRequest, GENERATION_ERRORS, stream=True).route_kwargs())
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, limit)
         return await openai_serving.create_chat_completion(ctx, request, body)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -130,8 +131,12 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     for err in errors[:3]:
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         param = param or (loc[0] if loc else None)
-        parts.append(f"{'.'.join(loc)}: {err.get('msg')}" if loc else str(err.get("msg")))
+        msg = _BIG_NUMBER.sub(lambda m: f"{float(m.group(0)):.8g}", str(err.get("msg")))
+        parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return "; ".join(parts), param
+
+
+_BIG_NUMBER = re.compile(r"\d{16,}")  # pydantic writes float32's max with all 39 digits
 
 
 def install_handlers(app: FastAPI) -> None:

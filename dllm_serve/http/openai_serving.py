@@ -29,11 +29,11 @@ from dllm_serve.http.protocol import (
     COMPLETION_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
+    SamplingFields,
     message_dicts,
     prompt_batch,
     unused_and_overrides,
 )
-from dllm_serve.http.protocol import _SamplingFields as SamplingFields
 from dllm_serve.http.sse import sse_response
 from dllm_serve.managers.tokenizer_manager import GenOutput
 from dllm_serve.request_fields import CHAT, OPENAI

@@ -64,7 +64,7 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool = False  # accepted; usage comes in the last chunk only
 
 
-class _SamplingFields(WithOverrides):
+class SamplingFields(WithOverrides):
     """What /v1/completions and /v1/chat/completions share (with SGLang's and vLLM's extras).
     temperature absent = 0: dLLM decoding is greedy unless asked."""
 
@@ -88,7 +88,7 @@ class _SamplingFields(WithOverrides):
     user: str | None = None
 
 
-class _Completion(_SamplingFields):
+class _Completion(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]  # see prompt_batch
     # Absent: COMPLETION_MAX_TOKENS (OpenAI's 16) or fewer if fewer fit; null: as many as fit.
     max_tokens: int | None = Field(None, ge=1)
@@ -105,7 +105,7 @@ class ChatMessage(Strict):
     name: str | None = None
 
 
-class _Chat(_SamplingFields):
+class _Chat(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; same meaning
     max_completion_tokens: int | None = Field(None, ge=1)  # absent: as many as fit
