@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.sampling import (
     filter_logits,
     min_p_filter,
     nucleus,
+    sample_rows,
     suppress_stop_tokens,
     top_k_filter,
 )
+from dllm_serve.managers.messages import DenoiseWork
 
 NEG = float("-inf")
 
@@ -86,3 +90,34 @@ def test_suppress_stop_tokens_before_min_new_tokens() -> None:
     late = suppress_stop_tokens(x, block_start=32, prompt_len=18, min_new_tokens=3,
                                 stop_ids=stops)
     assert torch.equal(late, x)
+
+
+def _batch(n: int, k: int, temperature: float, **per_request: list) -> DenoiseBatch:
+    return DenoiseBatch(
+        block_ids=torch.zeros(n, k, dtype=torch.int64), num_blocks=[1] * n,
+        first_starts=[0] * n, limits=[k] * n, temperatures=[temperature] * n,
+        top_ps=[1.0] * n, seeds=list(range(n)), params={},
+        block_steps=np.zeros(n, dtype=np.int64), **per_request)
+
+
+def test_sample_rows_applies_each_requests_top_k_and_min_p() -> None:
+    """The per-request lists reach the filters: top_k 1 or min_p 1 sample the greedy token."""
+    x = logits(rows=4 * 8, vocab=50, seed=3).view(4, 8, 50)
+    greedy = x.argmax(-1)
+    hot = sample_rows(_batch(4, 8, 5.0), x, greedy.clone())
+    assert not torch.equal(hot, greedy)  # at temperature 5 sampling differs somewhere
+    picked = sample_rows(_batch(4, 8, 5.0, top_ks=[1, -1, -1, 1], min_ps=[0.0, 1.0, 0.0, 0.0]),
+                         x, greedy.clone())
+    assert torch.equal(picked[[0, 1, 3]], greedy[[0, 1, 3]])
+
+
+def test_the_scheduler_sends_top_k_and_min_p_per_request() -> None:
+    from test_scheduler import FakeWorker, make, submit
+
+    worker = FakeWorker()
+    s = make(worker)
+    submit(s, "a", 2, 4, top_k=3, min_p=0.25, temperature=1.0)
+    submit(s, "b", 2, 4)
+    s.step()
+    work = next(w for w in worker.works if isinstance(w, DenoiseWork))
+    assert work.top_ks == [3, -1] and work.min_ps == [0.25, 0.0]
