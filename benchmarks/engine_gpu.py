@@ -12,13 +12,12 @@ full ~33 forwards). `--load-format auto --model-path DIR` runs a real checkpoint
 `--mode sync` the sync execution mode. Reported per run: output tokens/s, rounds/s and denoise
 forwards/s, and the fraction of wall time the device sat idle between rounds.
 
-Method (dllm_serve/managers/round_trace.py): the worker timestamps every work item (host
-clock, after the item's final host sync) and times every denoise forward with CUDA events. The
-worker runs one item at a time and queues nothing past an item's end, so the time between one
-item's end and the next one's start is device idle time. idle_fraction = that time / the span
-from the first item's start to the last one's end; forward_fraction = time inside forwards /
-span; in_round_host_ms_per_forward = (round time - forward time) / forwards: the step, the
-host sync per forward and the metadata preparation.
+Method (dllm_serve/managers/round_trace.py, benchmarks/trace_summary.py): the worker puts CUDA
+events around every device item (a prefill forward, or a denoise forward + step) and records
+the device idle time before each (from the previous item's end event to this one's start
+event), and its own host work per loop iteration (time not spent waiting for the device).
+busy_fraction / idle_fraction: device time inside items / between items, over the device span
+of the timed run; host_ms_per_forward: the worker's host work per denoise forward.
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import git_commit, gsm8k_questions, write_json
-from dllm_serve.managers.round_trace import TRACE_ENV, read_trace, summarize
+from benchmarks.trace_summary import read_trace, summarize
+from dllm_serve.managers.round_trace import TRACE_ENV
 from dllm_serve.tools.tiny_checkpoint import PRESETS, build_tiny_checkpoint
 
 
@@ -89,6 +89,7 @@ def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens:
     outs = engine.generate(prompts, params)
     end = time.monotonic()
     after = engine.get_server_info()["stats"]
+    time.sleep(0.3)  # the worker writes its last trace records once it is idle
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     wall = end - start
     return {"concurrency": len(prompts), "wall_s": wall, "output_tokens": tokens,
@@ -123,10 +124,10 @@ def print_row(r: dict[str, Any]) -> None:
     active = "" if r["graphs_active"] == r["graphs"] else " (capture failed: eager)"
     print(f"{r['mode']} graphs={'on ' if r['graphs'] else 'off'}{active} "
           f"C={r['concurrency']:3d}: "
-          f"{r['output_tokens_per_s']:8.1f} tok/s  {r.get('rounds_per_s', 0):6.2f} rounds/s  "
-          f"{r.get('forwards_per_s', 0):7.1f} fwd/s  idle {100 * r.get('idle_fraction', 0):5.2f}%"
-          f"  fwd {r.get('forward_ms_mean', 0):7.2f} ms  host/fwd "
-          f"{r.get('in_round_host_ms_per_forward', 0):6.2f} ms", flush=True)
+          f"{r['output_tokens_per_s']:8.1f} tok/s  {r.get('forwards_per_s', 0):7.1f} fwd/s  "
+          f"busy {100 * r.get('busy_fraction', 0):5.1f}%  idle "
+          f"{100 * r.get('idle_fraction', 0):5.2f}%  fwd {r.get('forward_ms_mean', 0):7.2f} ms"
+          f"  host/fwd {r.get('host_ms_per_forward', 0):6.3f} ms", flush=True)
 
 
 def model_folder(ns: argparse.Namespace, tmp: Path) -> str:

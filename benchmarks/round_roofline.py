@@ -44,8 +44,7 @@ from dllm_serve.layers.moe import Experts, route
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import random_model
-from dllm_serve.model.runner import ModelRunner
-from dllm_serve.server_args import ServerArgs
+from dllm_serve.model.runner import ModelRunner, RunnerConfig
 from dllm_serve.tools.tiny_checkpoint import PRESETS, llada2_config, preset_overrides
 from dllm_serve.tools.tiny_tokenizer import build_tokenizer
 
@@ -60,16 +59,15 @@ def make_runner(hf: dict[str, Any], model: nn.Module, backend: str, max_batch: i
                 max_prefix: int, device: torch.device, dtype: torch.dtype) -> ModelRunner:
     attention, moe, _, graphs = BACKENDS[backend]
     context = max_prefix + 2 * BLOCK
-    args = ServerArgs(device=device.type, dtype=str(dtype).removeprefix("torch."),
-                      attention_backend=attention, moe_backend=moe, context_length=context,
-                      max_running_requests=max_batch, dllm_wavefront_size=1,
-                      disable_cuda_graph=not graphs, cuda_graph_max_bs=max_batch,
-                      max_total_tokens=max_batch * context + 64 * BLOCK)
     config = ModelConfig(path=Path("(random weights)"), architecture=hf["architectures"][0],
                          hf=hf, vocab_size=hf["vocab_size"],
                          max_position_embeddings=hf["max_position_embeddings"])
-    dllm = DllmConfig(algorithm="LowConfidence", block_size=BLOCK, mask_id=hf["mask_token_id"])
-    runner = ModelRunner(config, dllm, args, model=model)
+    cfg = RunnerConfig(
+        model=config, block_size=BLOCK, mask_id=hf["mask_token_id"], device=device.type,
+        dtype=str(dtype).removeprefix("torch."), attention_backend=attention, moe_backend=moe,
+        context_length=context, max_running_requests=max_batch, cuda_graphs=graphs,
+        graph_max_blocks=max_batch, max_total_tokens=max_batch * context + 64 * BLOCK)
+    runner = ModelRunner(cfg, model=model)
     with torch.no_grad():
         for t in runner.kv.k + runner.kv.v:
             t.normal_()
@@ -81,16 +79,15 @@ def scatter_pages(runner: ModelRunner, prefixes: list[int], rng: np.random.Gener
     need = [-(-(p + BLOCK) // runner.page_size) for p in prefixes]
     pool = rng.permutation(runner.num_pages)
     ends = np.cumsum(need)
-    runner.kv.set_pages(list(range(len(prefixes))),
-                        [pool[e - n:e] for e, n in zip(ends, need, strict=True)])
+    for slot, (e, n) in enumerate(zip(ends, need, strict=True)):
+        runner.add_pages(slot, 0, pool[e - n:e])
 
 
 def denoise_batch(ids: torch.Tensor, prefixes: list[int]) -> DenoiseBatch:
     """A greedy DenoiseBatch, one block per request."""
     b = len(prefixes)
     return DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
-                        limits=[p + BLOCK for p in prefixes], temperatures=[0.0] * b,
-                        top_ps=[1.0] * b, seeds=[0] * b, params={},
+                        temperatures=[0.0] * b, top_ps=[1.0] * b, seeds=[0] * b, params={},
                         block_steps=np.zeros(b, dtype=np.int64))
 
 
@@ -104,14 +101,15 @@ def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
     ids = init.clone()
     batch = denoise_batch(ids, prefixes)
     slots = list(range(len(prefixes)))
-    forward = runner.denoise_forward(slots, batch)
+    blocks = [1] * len(prefixes)
+    forward = runner.denoise_forward(slots, prefixes, blocks, ids)
     state = algo.init_step_state(ids)
 
     def run() -> None:
         ids.copy_(init)
         algo.step(batch, forward(), state)
 
-    return run, runner.denoise_batch(slots, batch)
+    return run, runner.denoise_batch(slots, prefixes, blocks, ids)
 
 
 def time_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:

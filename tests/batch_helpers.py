@@ -27,7 +27,8 @@ def make_cache(kv_spec: tuple[int, int, int, int], num_reqs: int, max_len: int, 
     kv = KVCache(layers, num_reqs * pages_per_req, page_size, kv_heads, head_dim, num_reqs,
                  pages_per_req, dtype, torch.device("cpu"))
     pages = [np.arange(r * pages_per_req, (r + 1) * pages_per_req) for r in range(num_reqs)]
-    kv.set_pages(list(range(num_reqs)), pages)
+    for slot, p in enumerate(pages):
+        kv.map_pages(slot, 0, p)
     return kv, TorchAttention(kv, heads, head_dim, head_dim ** -0.5)
 
 

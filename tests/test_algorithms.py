@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_serve.dllm.algorithms import DenoiseBatch, RoundMode, algorithm_class, build_algorithm
+from dllm_serve.dllm.algorithms import DenoiseBatch, DllmAlgorithm, algorithm_class, build_algorithm
+from dllm_serve.dllm.algorithms.base import State
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
 from dllm_serve.dllm.config import DllmConfig
@@ -20,9 +21,8 @@ V = 10  # vocab
 def batch(rows: list[list[int]], **overrides: list[float]) -> DenoiseBatch:
     ids = torch.tensor(rows, dtype=torch.int64)
     n = ids.shape[0]
-    k = ids.shape[1]
     return DenoiseBatch(
-        block_ids=ids, num_blocks=[1] * n, first_starts=[0] * n, limits=[k] * n,
+        block_ids=ids, num_blocks=[1] * n, first_starts=[0] * n,
         temperatures=[0.0] * n, top_ps=[1.0] * n, seeds=list(range(n)),
         params={name: torch.tensor(v) for name, v in overrides.items()},
         block_steps=np.zeros(n, dtype=np.int64))
@@ -52,7 +52,7 @@ def joint(k: int = 4, **kw: float) -> JointThreshold:
 
 def test_low_confidence_unmasks_above_threshold_only() -> None:
     b = batch([[M, M, M, M]])
-    done = low_conf().step(b, logits([[(1, 0.99), (2, 0.5), (3, 0.96), (4, 0.2)]]), None)
+    done = low_conf().step(b, logits([[(1, 0.99), (2, 0.5), (3, 0.96), (4, 0.2)]]), None).done
     assert b.block_ids.tolist() == [[1, M, 3, M]]
     assert done.tolist() == [False]
 
@@ -60,7 +60,7 @@ def test_low_confidence_unmasks_above_threshold_only() -> None:
 def test_low_confidence_top1_fallback_picks_most_confident_mask() -> None:
     b = batch([[5, M, M, M]])
     # position 0 is not a mask: its high confidence must not be the fallback pick
-    done = low_conf().step(b, logits([[(7, 0.99), (2, 0.3), (3, 0.6), (4, 0.2)]]), None)
+    done = low_conf().step(b, logits([[(7, 0.99), (2, 0.3), (3, 0.6), (4, 0.2)]]), None).done
     assert b.block_ids.tolist() == [[5, M, 3, M]]
     assert done.tolist() == [False]
 
@@ -68,11 +68,11 @@ def test_low_confidence_top1_fallback_picks_most_confident_mask() -> None:
 def test_low_confidence_done_on_entry() -> None:
     b = batch([[M, 1, 2, 3], [4, 5, 6, 7]])
     spec = [[(8, 0.99)] * 4, [(0, 0.99)] * 4]
-    done = low_conf().step(b, logits(spec), None)
+    done = low_conf().step(b, logits(spec), None).done
     # row 0 got its last mask filled in this step, but is done only on the next entry
     assert done.tolist() == [False, True]
     assert b.block_ids.tolist() == [[8, 1, 2, 3], [4, 5, 6, 7]]  # written tokens never change
-    assert low_conf().step(b, logits(spec), None).tolist() == [True, True]
+    assert low_conf().step(b, logits(spec), None).done.tolist() == [True, True]
 
 
 def test_low_confidence_request_threshold_override() -> None:
@@ -81,11 +81,26 @@ def test_low_confidence_request_threshold_override() -> None:
     assert b.block_ids.tolist() == [[1, 2], [M, 2]]
 
 
+def steps_until_done(algo: DllmAlgorithm, b: DenoiseBatch, state: State | None,
+                     forward) -> int:  # type: ignore[no-untyped-def]
+    """Step until every block reports done on entry; the number of steps (forwards) taken.
+    Checks the `converged` contract on the way: after each step it equals the next step's
+    done-on-entry flags."""
+    predicted = None
+    for n in range(1, 100):
+        done = algo.step(b, forward(n), state).done
+        if predicted is not None:
+            assert done.tolist() == predicted.tolist(), f"step {n}: converged != done"
+        predicted = algo.converged(b, state)
+        if done.all():
+            return n
+    raise AssertionError("never done")
+
+
 def test_low_confidence_flat_logits_need_k_plus_one_steps() -> None:
     algo, b = low_conf(k=4), batch([[M, M, M, M]])
     flat = torch.zeros(4, V)
-    out = algo.run(lambda _: flat, b, None, RoundMode(fdfo=False))
-    assert out.forwards == 5 == algo.max_steps(4)
+    assert steps_until_done(algo, b, None, lambda _: flat) == 5 == algo.max_steps(4)
     assert (b.block_ids != M).all()
 
 
@@ -109,10 +124,10 @@ def test_joint_threshold_finishes_when_nothing_changes_then_done() -> None:
     b = batch([[M, M]])
     state = algo.init_step_state(b.block_ids)
     spec = logits([[(1, 0.9), (2, 0.9)]])
-    assert algo.step(b, spec, state).tolist() == [False]  # fills both
-    assert algo.step(b, spec, state).tolist() == [False]  # no change -> finished
+    assert algo.step(b, spec, state).done.tolist() == [False]  # fills both
+    assert algo.step(b, spec, state).done.tolist() == [False]  # no change -> finished
     assert bool(state["finished"][0])
-    assert algo.step(b, spec, state).tolist() == [True]  # done on entry
+    assert algo.step(b, spec, state).done.tolist() == [True]  # done on entry
     assert b.block_ids.tolist() == [[1, 2]]
 
 
@@ -122,7 +137,7 @@ def test_joint_threshold_post_edit_budget() -> None:
     state = algo.init_step_state(b.block_ids)
     state["prompt_mask"][:] = False  # decoded tokens, editable
     flip = [logits([[(4, 0.9), (4, 0.9)]]), logits([[(3, 0.9), (3, 0.9)]])]
-    results = [algo.step(b, flip[i % 2], state).item() for i in range(4)]
+    results = [algo.step(b, flip[i % 2], state).done.item() for i in range(4)]
     # two post-edit steps edit, the third exceeds the budget and finishes, the fourth is done
     assert results == [False, False, False, True]
     assert int(state["post_edit_steps"][0]) == 3
@@ -161,37 +176,20 @@ def test_joint_threshold_max_steps_bounds_worst_case() -> None:
     algo = joint(k=3, max_post_edit_steps=2)
     b = batch([[M, M, M]])
     state = algo.init_step_state(b.block_ids)
-    calls = iter(range(100))
 
-    def forward(_: DenoiseBatch) -> torch.Tensor:  # flat masks (one per step), then edits
-        i = next(calls)
-        tok = 1 + i % 2
-        return logits([[(tok, 0.4)] * 3])
+    def forward(i: int) -> torch.Tensor:  # flat masks (one per step), then edits
+        return logits([[(1 + i % 2, 0.4)] * 3])
 
-    out = algo.run(forward, b, state, RoundMode(fdfo=False))
-    assert out.forwards <= algo.max_steps(3)
-    assert out.retired.tolist() == [1]
+    assert steps_until_done(algo, b, state, forward) <= algo.max_steps(3)
 
 
-# ---- execution modes -----------------------------------------------------------------------
-
-
-def test_sync_runs_until_all_done_fdfo_until_any_done() -> None:
-    def scripted() -> tuple[LowConfidence, DenoiseBatch]:
-        # row 0 resolves in one step, row 1 needs one mask per step
-        return low_conf(k=2), batch([[M, M], [M, M]])
-
-    spec = logits([[(1, 0.99), (1, 0.99)], [(2, 0.5), (2, 0.4)]])
-    algo, b = scripted()
-    out = algo.run(lambda _: spec, b, None, RoundMode(fdfo=True))
-    assert out.forwards == 2 and out.retired.tolist() == [1, 0]
-    assert out.done_steps.tolist() == [2, 0]
-    assert b.block_steps.tolist() == [2, 2]
-
-    algo, b = scripted()
-    out = algo.run(lambda _: spec, b, None, RoundMode(fdfo=False))
-    assert out.forwards == 3 and out.retired.tolist() == [1, 1]
-    assert out.done_steps.tolist() == [2, 3]
+def test_converged_predicts_the_next_done_for_mixed_rows() -> None:
+    """Rows converging at different steps (one at once, one a mask per step, one editing)."""
+    spec = logits([[(1, 0.99)] * 3, [(2, 0.5), (2, 0.4), (2, 0.3)], [(3, 0.9)] * 3])
+    for algo in (low_conf(k=3), joint(k=3)):
+        b = batch([[M, M, M], [M, M, M], [4, M, M]])
+        state = algo.init_step_state(b.block_ids)
+        assert steps_until_done(algo, b, state, lambda _: spec) <= algo.max_steps(3)
 
 
 # ---- config, registry, overrides, sampling ---------------------------------------------------

@@ -15,14 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_serve.dllm.algorithms import RoundMode
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
-from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.modes import RoundMode
 from dllm_serve.dllm.wavefront import WavefrontConfig
-from dllm_serve.managers.messages import DenoiseWork, PrefillWork
+from dllm_serve.engine_config import EngineConfig
+from dllm_serve.managers.messages import AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker
-from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.cuda_graph import DenoiseGraphs
 from dllm_serve.model.graph_layout import MetaLayout, fill_meta, graph_buckets, pick_bucket
 from dllm_serve.model.runner import ModelRunner
@@ -62,27 +60,25 @@ def test_fill_meta_pads_with_scratch_blocks() -> None:
     assert layout.tiles_view(buf, 4)[:, 3].tolist() == [4, 4, 4, 4]
 
 
+def runner_for(args: ServerArgs) -> tuple[ModelRunner, int]:
+    cfg = EngineConfig.resolve(args).worker().runner
+    return ModelRunner(cfg), cfg.mask_id
+
+
 def make_runner(model_dir: Path, device: str = "cpu", **kw: object) -> tuple[ModelRunner, int]:
     args = ServerArgs(model_path=str(model_dir), device=device, attention_backend="triton",
                       moe_backend="triton", max_running_requests=4, max_total_tokens=2048,
                       **kw)  # type: ignore[arg-type]
-    config = ModelConfig.load(model_dir)
-    dllm = DllmConfig.build(config, "LowConfidence", None, True)
-    runner = ModelRunner(config, dllm, args)
-    with torch.inference_mode():
-        runner.forward(runner.prefill_batch(PrefillWork([0, 1], PAGES, [0, 0], PROMPTS)))
-    return runner, dllm.mask_id
+    runner, mask_id = runner_for(args)
+    for slot, pages in enumerate(PAGES):
+        runner.add_pages(slot, 0, pages)
+    runner.prefill([0, 1], [0, 0], PROMPTS)
+    return runner, mask_id
 
 
 def uncaptured_graphs(runner: ModelRunner, mask_id: int, max_blocks: int = 8) -> DenoiseGraphs:
     return DenoiseGraphs(runner.model, runner.kv, runner.attn, K, max_blocks,
                          runner.model.config.vocab_size, mask_id, runner.scratch_slot)
-
-
-def denoise(ids: torch.Tensor, num_blocks: list[int], starts: list[int]) -> DenoiseBatch:
-    b = len(num_blocks)
-    return DenoiseBatch(ids, num_blocks, starts, [s + 3 * K for s in starts], [0.0] * b,
-                        [1.0] * b, [0] * b, {}, np.zeros(ids.shape[0], np.int64))
 
 
 INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
@@ -99,10 +95,10 @@ def test_static_forward_equals_eager(tiny_model_dir: Path) -> None:
     ids[:, 12:] = mask_id
     # slot 0: two blocks after its 64-token prompt (wavefront); slot 1: one block; bucket 4
     for slots, blocks, starts in (([0, 1], [2, 1], [64, 32]), ([1, 0], [1, 2], [32, 64])):
-        batch = denoise(ids.clone(), blocks, starts)
-        ref = runner.denoise_forward(slots, batch)().clone()
+        block_ids = ids.clone()
+        ref = runner.eager_forward(slots, starts, blocks, block_ids)().clone()
         kv_before = [t.clone() for t in runner.kv.k]
-        out = graphs.prepare(slots, batch)()
+        out = graphs.prepare(slots, starts, blocks, block_ids)()  # type: ignore[misc]
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         assert torch.equal(out.argmax(-1), ref.argmax(-1))
         scratch = slice(runner.num_pages * K, (runner.num_pages + 1) * K)
@@ -112,31 +108,37 @@ def test_static_forward_equals_eager(tiny_model_dir: Path) -> None:
 
 
 @torch.inference_mode()
-def round_tokens(model_dir: Path, static: bool) -> tuple[np.ndarray, list[int]]:
-    """One FDFO round, wavefront W=2, LowConfidence threshold 0 (a block fills in one step and
-    opens the next): the layout changes inside the round."""
+def worker_tokens(model_dir: Path, static: bool) -> tuple[np.ndarray, list[int]]:
+    """Six worker iterations, FDFO, wavefront W=2, LowConfidence threshold 1 (one token a step)
+    with every masked position counted as ready (tau 0): each request opens its second block
+    after one step, so the layout changes while the forward loop runs."""
     runner, mask_id = make_runner(model_dir)
     if static:
         runner.graphs = uncaptured_graphs(runner, mask_id)
-    algo = LowConfidence(LowConfidenceConfig(threshold=0.0), K, mask_id)
+    algo = LowConfidence(LowConfidenceConfig(threshold=1.0), K, mask_id)
     algo.fused_predict = True
-    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.5))
-    ids = np.full((2, K), mask_id, dtype=np.int64)
-    ids[:, :5] = 17
-    work = DenoiseWork(req_slots=[0, 1], pages=PAGES, first_starts=[64, 32],
-                       num_blocks=[1, 1], limits=[128, 96], block_ids=ids, states=[None, None],
-                       block_steps=np.zeros(2, np.int64), temperatures=[0.0, 0.0],
-                       top_ps=[1.0, 1.0], seeds=[0, 0], params=[{}, {}])
-    result = Worker(runner, algo, mode).run(work)
-    return result.block_ids, list(result.num_blocks)
+    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.5,
+                                                          token_threshold=0.0))
+    worker = Worker(runner, algo, mode, report_every_s=0.0)
+    items: list[AddPages | Admit] = [AddPages(slot, 0, p) for slot, p in enumerate(PAGES)]
+    for slot, start in ((0, 64), (1, 32)):
+        block = np.full((1, K), mask_id, dtype=np.int64)
+        block[0, :5] = 17
+        items.append(Admit(slot + 1, slot, start, block, [None], [0],
+                           ReqSettings(prompt_len=start, max_end=start + 4 * K)))
+    widths = []
+    for i in range(6):
+        worker.iterate(items if i == 0 else [])
+        widths.append(worker.batch.num_rows)
+    return worker.batch.layout().batch.block_ids.cpu().numpy(), widths
 
 
 @INTERPRETER_ONLY
 def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path) -> None:
-    ref_ids, ref_blocks = round_tokens(tiny_model_dir, static=False)
-    assert ref_blocks == [2, 2]  # both requests opened a block inside the round
-    ids, blocks = round_tokens(tiny_model_dir, static=True)
-    assert blocks == ref_blocks
+    ref_ids, ref_widths = worker_tokens(tiny_model_dir, static=False)
+    assert ref_widths == [2, 4, 4, 4, 4, 4]  # both requests opened a second block
+    ids, widths = worker_tokens(tiny_model_dir, static=True)
+    assert widths == ref_widths
     np.testing.assert_array_equal(ids, ref_ids)
 
 
@@ -155,15 +157,13 @@ def test_graph_replay_equals_eager(tiny_model_dir: Path) -> None:
     ids[:, 12:] = mask_id
     for slots, blocks, starts in (([0, 1], [2, 1], [64, 32]), ([1, 0], [1, 2], [32, 64]),
                                   ([1], [1], [32])):
-        batch = denoise(ids[:sum(blocks)].clone(), blocks, starts)
-        replay = graphs.prepare(slots, batch)().clone()
+        block_ids = ids[:sum(blocks)].clone()
+        replay = graphs.prepare(slots, starts, blocks, block_ids)().clone()  # type: ignore[misc]
         bucket = graphs.forwards[pick_bucket(sum(blocks), graphs.buckets)]  # type: ignore[index]
         eager_static = graphs._forward(bucket)[:replay.shape[0]]
         diff = (replay - eager_static).abs().max().item()
         assert torch.equal(replay, eager_static), f"replay differs from eager by {diff}"
-        fb = runner.denoise_batch(slots, batch)
-        ref = runner.forward(fb)
-        assert ref is not None
+        ref = runner.eager_forward(slots, starts, blocks, block_ids)()
         err = ((replay - ref).norm() / ref.norm()).item()
         assert err < 2e-2, f"relative error {err:.2e}"
 
@@ -179,7 +179,7 @@ def test_capture_failure_runs_eagerly(tiny_model_dir: Path, monkeypatch: pytest.
     assert runner.graphs is None and "CUDA graph capture failed" in caplog.text
     ids = torch.full((1, K), mask_id, device="cuda")
     with torch.inference_mode():
-        logits = runner.denoise_forward([1], denoise(ids, [1], [32]))()
+        logits = runner.denoise_forward([1], [32], [1], ids)()
     assert logits.shape == (K, runner.model.config.vocab_size)
 
 
@@ -190,12 +190,10 @@ def test_llada2_mini_shape_graphs(tmp_path: Path) -> None:
     bucket (13 -> 16 blocks) and a full one (64) with ~1k-4k prefixes in scattered pages."""
     folder = build_tiny_checkpoint(tmp_path / "mini", preset="llada2-mini-shape", weights=False,
                                    num_hidden_layers=2)
-    config = ModelConfig.load(folder)
-    dllm = DllmConfig.build(config, "LowConfidence", None, True)
     args = ServerArgs(model_path=str(folder), load_format="dummy", device="cuda",
                       attention_backend="triton", moe_backend="triton", max_running_requests=64,
                       dllm_wavefront_size=1, context_length=4200, max_total_tokens=64 * 4300)
-    runner = ModelRunner(config, dllm, args)
+    runner, mask_id = runner_for(args)
     graphs = runner.graphs
     assert graphs is not None and graphs.buckets[-1] == 64
     for t in runner.kv.k + runner.kv.v:
@@ -206,17 +204,16 @@ def test_llada2_mini_shape_graphs(tmp_path: Path) -> None:
         need = [s // K + 1 for s in starts]
         pool = rng.permutation(runner.num_pages)
         ends = np.cumsum(need)
-        runner.set_pages(list(range(batch_size)), [pool[e - n:e] for e, n in zip(ends, need,
-                                                                                  strict=True)])
+        for slot, (e, n) in enumerate(zip(ends, need, strict=True)):
+            runner.add_pages(slot, 0, pool[e - n:e])
         ids = torch.randint(0, 150000, (batch_size, K), device="cuda")
-        ids[:, ::2] = dllm.mask_id
-        batch = denoise(ids, [1] * batch_size, starts)
-        replay = graphs.prepare(list(range(batch_size)), batch)().clone()
+        ids[:, ::2] = mask_id
+        slots, blocks = list(range(batch_size)), [1] * batch_size
+        replay = graphs.prepare(slots, starts, blocks, ids)().clone()  # type: ignore[misc]
         static = graphs.forwards[pick_bucket(batch_size, graphs.buckets)]  # type: ignore[index]
         eager_static = graphs._forward(static)[:replay.shape[0]]
         diff = (replay - eager_static).abs().max().item()
         assert torch.equal(replay, eager_static), f"replay differs from eager by {diff}"
-        ref = runner.forward(runner.denoise_batch(list(range(batch_size)), batch))
-        assert ref is not None
+        ref = runner.eager_forward(slots, starts, blocks, ids)()
         err = ((replay - ref).norm() / ref.norm()).item()
         assert err < 2e-2, f"B={batch_size}: relative error {err:.2e} against the eager path"

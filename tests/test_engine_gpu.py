@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from benchmarks import engine_gpu
+from benchmarks.trace_summary import read_trace, summarize
 from dllm_serve import Engine
-from dllm_serve.dllm.config import DllmConfig
-from dllm_serve.managers.round_trace import read_trace, summarize
-from dllm_serve.model.config import ModelConfig
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
@@ -28,31 +27,32 @@ def no_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_dummy_load_format_builds_from_config_alone(no_weights_dir: Path) -> None:
     assert not list(no_weights_dir.glob("*.safetensors"))
-    config = ModelConfig.load(no_weights_dir)
-    dllm = DllmConfig.build(config, "LowConfidence", None, True)
     args = ServerArgs(model_path=str(no_weights_dir), device="cpu", load_format="dummy",
                       max_total_tokens=256)
-    model = ModelRunner(config, dllm, args).model
+    model = ModelRunner(EngineConfig.resolve(args).worker().runner).model
     weights = dict(model.named_parameters())
     assert all(torch.isfinite(p).all() for p in weights.values())
     assert weights["model.layers.0.input_layernorm.weight"].eq(1).all()
     assert weights["model.word_embeddings.weight"].std() > 0.01
     with pytest.raises(FileNotFoundError, match="safetensors"):
-        ModelRunner(config, dllm, args.replace(load_format="auto"))
+        ModelRunner(EngineConfig.resolve(args.replace(load_format="auto")).worker().runner)
     with pytest.raises(ValueError, match="--load-format"):
         ServerArgs(load_format="npz")
 
 
 def test_trace_summary() -> None:
-    records = [{"kind": "prefill", "t0": 0.0, "t1": 1.0, "forwards": 1, "forward_ms": 0.0},
-               {"kind": "denoise", "t0": 1.5, "t1": 3.5, "forwards": 4, "forward_ms": 1600.0},
-               {"kind": "denoise", "t0": 4.0, "t1": 5.0, "forwards": 2, "forward_ms": 800.0}]
+    def item(kind: str, gpu: float, gap: float) -> dict:
+        return {"kind": kind, "t0": 0.0, "t1": 0.0, "rows": 4, "gpu_ms": gpu, "gap_ms": gap}
+
+    records = [item("prefill", 2.0, 50.0), item("denoise", 6.0, 1.0), item("denoise", 1.0, 0.0),
+               {"kind": "host", "t0": 0.0, "t1": 0.003, "wait_ms": 1.0},
+               {"kind": "host", "t0": 0.0, "t1": 0.002, "wait_ms": 0.0}]
     s = summarize(records)
-    assert s["rounds"] == 2 and s["forwards"] == 6 and s["prefills"] == 1
-    assert s["idle_fraction"] == pytest.approx(1.0 / 5.0)
-    assert s["rounds_per_s"] == pytest.approx(2 / 5.0)
-    assert s["forward_fraction"] == pytest.approx(2.4 / 5.0)
-    assert s["in_round_host_ms_per_forward"] == pytest.approx(1e3 * 0.6 / 6)
+    assert s["forwards"] == 2 and s["prefills"] == 1
+    assert s["span_s"] == pytest.approx(0.010)  # 9 ms of items + 1 ms of gap (the 50 excluded)
+    assert s["idle_fraction"] == pytest.approx(0.1) and s["busy_fraction"] == pytest.approx(0.9)
+    assert s["forward_ms_mean"] == pytest.approx(3.5)
+    assert s["host_ms_per_forward"] == pytest.approx((3.0 - 1.0 + 2.0) / 2)
 
 
 def test_engine_benchmark_on_the_cpu(tmp_path: Path) -> None:
@@ -62,9 +62,11 @@ def test_engine_benchmark_on_the_cpu(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["runs"] == result["runs"]
     run = result["runs"][0]
     assert run["concurrency"] == 2 and run["output_tokens"] == 64
-    assert run["rounds"] >= 1 and run["forwards"] >= run["rounds"]
-    assert 0.0 <= run["idle_fraction"] < 1.0 and run["forward_fraction"] > 0.0
-    assert run["rounds_per_s"] > 0 and run["output_tokens_per_s"] > 0
+    stats = run["scheduler_stats"]
+    assert stats["rounds"] >= 1 and stats["forwards"] >= stats["rounds"]
+    assert run["forwards"] == stats["forwards"] - stats["prefill_rounds"]
+    assert 0.0 <= run["idle_fraction"] < 1.0 and run["busy_fraction"] > 0.0
+    assert run["forwards_per_s"] > 0 and run["output_tokens_per_s"] > 0
 
 
 def test_engine_benchmark_sync_on_a_real_checkpoint(tiny_model_dir: Path) -> None:
@@ -76,7 +78,7 @@ def test_engine_benchmark_sync_on_a_real_checkpoint(tiny_model_dir: Path) -> Non
     run = result["runs"][0]
     assert result["config"]["load_format"] == "auto" and run["mode"] == "sync"
     assert run["concurrency"] == 2 and run["output_tokens"] == 64
-    assert run["forwards"] >= run["rounds"] >= 1
+    assert run["scheduler_stats"]["forwards"] >= run["scheduler_stats"]["rounds"] >= 1
 
 
 def test_trace_file_is_written_by_the_worker(no_weights_dir: Path, tmp_path: Path,
@@ -89,10 +91,12 @@ def test_trace_file_is_written_by_the_worker(no_weights_dir: Path, tmp_path: Pat
     records = read_trace(str(trace), 0.0, float("inf"))
     header = read_trace(str(trace), 0.0, float("inf"), kinds=("worker",))
     assert header[0]["cuda_graphs"] is False  # the CPU never captures
-    assert {r["kind"] for r in records} == {"prefill", "denoise"}
+    assert {r["kind"] for r in records} == {"prefill", "denoise", "host"}
     assert all(r["t1"] >= r["t0"] for r in records)
-    assert sum(r["forwards"] for r in records if r["kind"] == "denoise") == sum(
-        r["timed_forwards"] for r in records if r["kind"] == "denoise")
+    items = [r for r in records if r["kind"] != "host"]
+    assert all(r["gpu_ms"] > 0 and r["gap_ms"] >= 0 for r in items)
+    assert sum(r["kind"] == "prefill" for r in items) == 1
+    assert summarize(records)["forwards"] == sum(r["kind"] == "denoise" for r in items)
 
 
 # ---- on the GPU ------------------------------------------------------------------------------

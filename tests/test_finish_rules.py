@@ -64,3 +64,17 @@ def test_from_dict_maps_sglang_spellings() -> None:
                                   "max_new_tokens": None, "dllm_threshold": 0.5})
     assert p.stop == ["x"] and p.stop_regex == ["a+"] and p.stop_token_ids == []
     assert p.max_new_tokens is None and p.dllm == {"threshold": 0.5}
+
+
+def test_min_new_tokens_through_scheduler_and_worker() -> None:
+    """Every generated token is EOS: the request runs past the early ones (the worker does not
+    drop it at the first) and ends at the first EOS at or after min_new_tokens."""
+    from local_engine import scripted_engine
+
+    e = scripted_engine(fill=14, eos=14)
+    e.submit("a", [1, 2], max_new_tokens=12, min_new_tokens=6)
+    e.submit("b", [1, 2], max_new_tokens=12)
+    outs = e.run()
+    assert outs["a"][-1].completion_tokens == 6
+    assert outs["a"][-1].finish_reason == {"type": "stop", "matched": 14}
+    assert outs["b"][-1].completion_tokens == 1

@@ -43,7 +43,8 @@ def scattered_cache(shape: Shape, segs: list[Seg], dtype: torch.dtype,
                  max(need), dtype, DEVICE)
     perm = torch.randperm(num_pages, generator=gen).numpy()
     ends = np.cumsum(need)
-    kv.set_pages(list(range(len(segs))), [perm[e - n:e] for e, n in zip(ends, need, strict=True)])
+    for slot, (e, n) in enumerate(zip(ends, need, strict=True)):
+        kv.map_pages(slot, 0, perm[e - n:e])
     for t in (kv.k[0], kv.v[0]):
         t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
     return kv

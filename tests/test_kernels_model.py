@@ -8,16 +8,14 @@ for bf16 kernels to reproduce exactly."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
-from dllm_serve.dllm.config import DllmConfig
-from dllm_serve.managers.messages import PrefillWork
-from dllm_serve.model.config import ModelConfig
+from dllm_serve.dllm.batch import DenoiseBatch
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs
 
@@ -29,17 +27,22 @@ BLOCKS = 3
 def make_runner(model_dir: Path, backend: str, device: str = "cpu") -> tuple[ModelRunner, int]:
     args = ServerArgs(model_path=str(model_dir), device=device, attention_backend=backend,
                       moe_backend=backend, max_running_requests=2, max_total_tokens=512)
-    config = ModelConfig.load(model_dir)
-    dllm = DllmConfig.build(config, "LowConfidence", None, True)
-    return ModelRunner(config, dllm, args), dllm.mask_id
+    cfg = EngineConfig.resolve(args).worker().runner
+    runner = ModelRunner(cfg)
+    for slot, pages in enumerate(PAGES):
+        runner.add_pages(slot, 0, pages)
+    return runner, cfg.mask_id
 
 
 def forward(runner: ModelRunner, starts: list[int], ids: list[np.ndarray],
             logits: bool) -> torch.Tensor | None:
-    work = PrefillWork(req_slots=[0, 1][:len(ids)], pages=PAGES[:len(ids)], seg_starts=starts,
-                       token_ids=ids)
-    hidden = runner.model(runner.prefill_batch(work))
-    return runner.model.compute_logits(hidden) if logits else None
+    if not logits:
+        runner.prefill([0, 1][:len(ids)], starts, ids)
+        return None
+    k = runner.block_size
+    block_ids = torch.from_numpy(np.concatenate(ids)).to(runner.device).view(-1, k)
+    return runner.eager_forward([0, 1][:len(ids)], starts, [len(i) // k for i in ids],
+                                block_ids)()
 
 
 @torch.inference_mode()
@@ -55,10 +58,10 @@ def decode(model_dir: Path, backend: str) -> np.ndarray:
     for _ in range(BLOCKS):
         starts = [len(t) // k * k for t in tokens]
         rows = [t[s:] + [mask_id] * (s + k - len(t)) for t, s in zip(tokens, starts, strict=True)]
-        batch = SimpleNamespace(block_ids=torch.tensor(rows), params={}, sampled=False,
-                                confidence=None, size=2)
+        batch = DenoiseBatch(torch.tensor(rows), [1, 1], starts, [0.0] * 2, [1.0] * 2, [0, 0],
+                             {}, np.zeros(2, dtype=np.int64))
         while not algo.step(batch, forward(runner, starts, list(batch.block_ids.numpy()),
-                                           logits=True), None).all():
+                                           logits=True), None).done.all():
             pass
         tokens = [t[:s] + row for t, s, row in zip(tokens, starts, batch.block_ids.tolist(),
                                                    strict=True)]

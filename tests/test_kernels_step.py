@@ -17,7 +17,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 def greedy_batch(block_ids: torch.Tensor) -> SimpleNamespace:
     """What predict/step read of a DenoiseBatch: greedy rows, no per-request overrides."""
-    return SimpleNamespace(block_ids=block_ids, params={}, sampled=False, confidence=None,
+    return SimpleNamespace(block_ids=block_ids, params={}, sampled=False,
                            size=block_ids.shape[0])
 
 
@@ -60,7 +60,7 @@ def run_steps(algo: LowConfidence | JointThreshold, fused: bool, ids: torch.Tens
     algo.fused_predict = fused
     batch = greedy_batch(ids.clone())
     state = algo.init_step_state(batch.block_ids)
-    done = [algo.step(batch, step_logits.view(-1, step_logits.shape[-1]), state)
+    done = [algo.step(batch, step_logits.view(-1, step_logits.shape[-1]), state).done
             for step_logits in logits]
     return batch.block_ids, done
 

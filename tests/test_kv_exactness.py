@@ -3,41 +3,14 @@ tokens under the block-causal mask (fp32, CPU), for both algorithms and both mod
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from batch_helpers import Segment, make_batch, make_cache
+from local_engine import local_engine
 
-from dllm_serve.dllm.algorithms import RoundMode, build_algorithm
-from dllm_serve.dllm.config import DllmConfig
-from dllm_serve.dllm.wavefront import WavefrontConfig
-from dllm_serve.managers.finish import FinishChecker
-from dllm_serve.managers.messages import GenerateReq
-from dllm_serve.managers.scheduler import Scheduler, SchedulerConfig
-from dllm_serve.managers.worker import Worker
-from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.runner import ModelRunner
-from dllm_serve.sampling_params import SamplingParams
-from dllm_serve.server_args import ServerArgs
-
-
-def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
-                 **wavefront_kw: float | bool) -> Scheduler:
-    """Scheduler + worker in this process (no ZMQ), on the CPU in fp32."""
-    args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
-                      dllm_fdfo=fdfo, max_running_requests=2, chunked_prefill_size=32)
-    mc = ModelConfig.load(model_dir)
-    dllm = DllmConfig.build(mc, algorithm, None, fdfo)
-    runner = ModelRunner(mc, dllm, args)
-    cfg = SchedulerConfig(dllm.block_size, dllm.mask_id, fdfo, 2, None, 32, runner.num_pages,
-                          runner.page_size)
-    mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
-    worker = Worker(runner, build_algorithm(dllm), mode)
-    cfg = dataclasses.replace(cfg, wavefront_size=wavefront)
-    return Scheduler(cfg, worker, FinishChecker(set(), None))
 
 
 def reference_kv(runner: ModelRunner, tokens: list[int]) -> list[tuple[torch.Tensor, ...]]:
@@ -55,15 +28,15 @@ def reference_kv(runner: ModelRunner, tokens: list[int]) -> list[tuple[torch.Ten
 @pytest.mark.parametrize("fdfo", [True, False])
 def test_committed_kv_equals_full_recomputation(tiny_model_dir: Path, algorithm: str,
                                                 fdfo: bool) -> None:
-    sched = local_engine(tiny_model_dir, algorithm, fdfo)
-    runner: ModelRunner = sched.worker.runner  # type: ignore[attr-defined]
+    engine = local_engine(tiny_model_dir, algorithm, fdfo)
+    sched, runner = engine.sched, engine.worker.runner
+    assert isinstance(runner, ModelRunner)
     prompts = {"a": list(range(3, 3 + 75)), "b": list(range(40, 40 + 9))}
     for rid, ids in prompts.items():
-        params = SamplingParams(max_new_tokens=200, ignore_eos=True)
-        sched.add_request(GenerateReq(rid, np.asarray(ids), params, 0.0))
-    while min((r.blocks for r in sched.running), default=0) < 3:
-        sched.step()
-    for req in sched.running:
+        engine.submit(rid, ids, max_new_tokens=200, ignore_eos=True)
+    while min((r.blocks for r in sched.running.values()), default=0) < 3:
+        engine.step()
+    for req in sched.running.values():
         n = req.committed_len
         tokens = (list(req.input_ids) + req.output_ids)[:n]
         slots = runner.kv.slots(torch.full((n,), req.holding.slot), torch.arange(n))

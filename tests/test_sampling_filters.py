@@ -17,7 +17,7 @@ from dllm_serve.dllm.sampling import (
     suppress_stop_tokens,
     top_k_filter,
 )
-from dllm_serve.managers.messages import DenoiseWork
+from dllm_serve.managers.messages import Admit
 
 NEG = float("-inf")
 
@@ -95,7 +95,7 @@ def test_suppress_stop_tokens_before_min_new_tokens() -> None:
 def _batch(n: int, k: int, temperature: float, **per_request: list) -> DenoiseBatch:
     return DenoiseBatch(
         block_ids=torch.zeros(n, k, dtype=torch.int64), num_blocks=[1] * n,
-        first_starts=[0] * n, limits=[k] * n, temperatures=[temperature] * n,
+        first_starts=[0] * n, temperatures=[temperature] * n,
         top_ps=[1.0] * n, seeds=list(range(n)), params={},
         block_steps=np.zeros(n, dtype=np.int64), **per_request)
 
@@ -112,12 +112,11 @@ def test_sample_rows_applies_each_requests_top_k_and_min_p() -> None:
 
 
 def test_the_scheduler_sends_top_k_and_min_p_per_request() -> None:
-    from test_scheduler import FakeWorker, make, submit
+    from local_engine import scripted_engine
 
-    worker = FakeWorker()
-    s = make(worker)
-    submit(s, "a", 2, 4, top_k=3, min_p=0.25, temperature=1.0)
-    submit(s, "b", 2, 4)
-    s.step()
-    work = next(w for w in worker.works if isinstance(w, DenoiseWork))
-    assert work.top_ks == [3, -1] and work.min_ps == [0.25, 0.0]
+    e = scripted_engine()
+    e.submit("a", [1, 2], max_new_tokens=4, top_k=3, min_p=0.25, temperature=1.0)
+    e.submit("b", [1, 2], max_new_tokens=4)
+    e.run()
+    settings = {x.uid: x.settings for x in e.sent if isinstance(x, Admit)}
+    assert [(s.top_k, s.min_p) for _, s in sorted(settings.items())] == [(3, 0.25), (-1, 0.0)]

@@ -9,21 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_kv_exactness import local_engine, reference_kv
+from local_engine import local_engine
+from test_kv_exactness import reference_kv
 
-from dllm_serve.dllm.algorithms import DenoiseBatch, RoundMode
+from dllm_serve.dllm.algorithms import DenoiseBatch
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
-from dllm_serve.dllm.wavefront import (
-    WavefrontConfig,
-    earlier_block_changed,
-    readiness,
-    retire_counts,
-    spawn_mask,
-)
-from dllm_serve.managers.messages import AbortReq, GenerateReq
+from dllm_serve.dllm.modes import RoundMode, plan
+from dllm_serve.dllm.wavefront import WavefrontConfig, earlier_block_changed, readiness
+from dllm_serve.managers.messages import AbortReq, AddPages, Admit, ReqSettings
+from dllm_serve.managers.worker import Worker
 from dllm_serve.model.runner import ModelRunner
-from dllm_serve.sampling_params import SamplingParams
 
 M, V = 9, 10
 
@@ -41,43 +37,41 @@ def test_earlier_block_changed_stays_within_request() -> None:
                                                                  False, True]
 
 
-def test_retire_counts_in_order_only() -> None:
-    done = np.array([True, False, False, True, True, True, True])
-    assert retire_counts(done, [2, 2, 3]).tolist() == [1, 0, 3]
+def test_plan_fdfo_retires_leading_converged_and_opens_next() -> None:
+    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2))
+    # request 0: 2 blocks, the first converged; 1: 1 block converged; 2: 2 blocks, none
+    p = plan(mode, np.array([1, 1, 0]), np.array([2, 1, 2]), np.array([True, False, True]),
+             np.array([True, True, True]))
+    assert p.retire.tolist() == [1, 1, 0]
+    # 0: window 1 < W with a ready frontier spawns; 1: empty window opens; 2: window full
+    assert p.open.tolist() == [True, True, False]
+    p = plan(mode, np.array([1]), np.array([1]), np.array([True]), np.array([False]))
+    assert p.retire.tolist() == [1] and not p.open.any()  # no room: nothing opens
 
 
-def test_spawn_mask_gate_window_room_and_lockstep() -> None:
-    ready = np.array([False, True, True, False])  # frontiers: rows 1, 2, 3
-    cfg = WavefrontConfig(size=2)
+def test_plan_sync_waits_for_the_whole_batch() -> None:
+    mode = RoundMode(fdfo=False)
+    p = plan(mode, np.array([1, 0]), np.array([1, 1]), np.zeros(2, bool), np.ones(2, bool))
+    assert p.retire.tolist() == [0, 0] and not p.boundary and not p.open.any()
+    p = plan(mode, np.array([1, 1]), np.array([1, 1]), np.zeros(2, bool), np.ones(2, bool))
+    assert p.retire.tolist() == [1, 1] and p.boundary and p.open.all()
+
+
+def test_plan_lockstep_spawns_all_together() -> None:
+    mode = RoundMode(fdfo=False, wavefront=WavefrontConfig(size=2, lockstep=True))
     none = np.zeros(3, dtype=np.int64)
-    assert spawn_mask(ready, [2, 1, 1], none, [True, True, True], cfg).tolist() == [
-        False, True, False]
-    # a full window opens a block in the forward where its leftmost block retires
-    assert spawn_mask(ready, [2, 1, 1], np.array([1, 0, 0]), [True] * 3, cfg).tolist() == [
-        True, True, False]
-    assert spawn_mask(ready[:3], [1, 1, 1], none, [True, False, True], cfg).tolist() == [
-        False, False, True]
-    lock = WavefrontConfig(size=2, lockstep=True)
-    assert not spawn_mask(ready[:3], [1, 1, 1], none, [True] * 3, lock).any()
-    assert spawn_mask(np.array([True, True]), [1, 1], none[:2], [True, True], lock).all()
+    ones = np.ones(3, dtype=np.int64)
+    p = plan(mode, none, ones, np.array([True, False, True]), np.ones(3, bool))
+    assert not p.open.any()
+    p = plan(mode, none, ones, np.array([True, True, True]), np.ones(3, bool))
+    assert p.open.all()
 
 
-def make_batch(rows: list[list[int]], num_blocks: list[int], limits: list[int]) -> DenoiseBatch:
+def make_batch(rows: list[list[int]], num_blocks: list[int]) -> DenoiseBatch:
     ids = torch.tensor(rows, dtype=torch.int64)
     b = len(num_blocks)
-    return DenoiseBatch(ids, num_blocks, [0] * b, limits, [0.0] * b, [1.0] * b, list(range(b)),
+    return DenoiseBatch(ids, num_blocks, [0] * b, [0.0] * b, [1.0] * b, list(range(b)),
                         {}, np.zeros(len(rows), dtype=np.int64))
-
-
-def test_with_new_blocks_keeps_requests_contiguous() -> None:
-    batch = make_batch([[1, 1], [2, 2], [3, 3]], [2, 1], [8, 8])
-    batch.block_steps[:] = [5, 6, 7]
-    new, order = batch.with_new_blocks(np.array([True, True]), M)
-    assert new.num_blocks == [3, 2]
-    assert new.block_ids.tolist() == [[1, 1], [2, 2], [M, M], [3, 3], [M, M]]
-    assert new.block_steps.tolist() == [5, 6, 0, 7, 0]
-    assert order.tolist() == [0, 1, 3, 2, 4]
-    assert new.block_starts() == [0, 2, 4, 0, 2]
 
 
 def logits_for(tokens: list[list[int]], p: float) -> torch.Tensor:
@@ -88,28 +82,52 @@ def logits_for(tokens: list[list[int]], p: float) -> torch.Tensor:
     return out.view(-1, V)
 
 
-def test_round_opens_next_block_when_frontier_is_ready_and_retires_in_order() -> None:
-    algo = LowConfidence(LowConfidenceConfig(0.9), 2, M)
-    batch = make_batch([[M, M]], [1], [6])
-    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.6))
-    layouts = []
+class ScriptedLogits:
+    """A runner whose every forward predicts tokens 1, 2, 1, 2, ... at confidence p."""
 
-    def forward(b: DenoiseBatch) -> torch.Tensor:
-        layouts.append(list(b.num_blocks))
-        return logits_for([[1, 2]] * b.size, 0.95)
+    def __init__(self, p: float) -> None:
+        self.block_size, self.page_size, self.p = 2, 2, p
+        self.device = torch.device("cpu")
+        self.graphs = None
+        self.layouts: list[list[int]] = []
 
-    out = algo.run(forward, batch, None, mode)
-    # forward 1: block 0 filled (confident) -> frontier ready, block 1 opens;
-    # forward 2: block 0 done on entry -> retires; block 1 filled and ready -> block 2 opens
-    # (the window counts the retiring block as gone), to run in the next round
-    assert layouts == [[1], [2]]
-    assert out.retired.tolist() == [1] and out.batch.num_blocks == [3]
-    assert out.batch.block_ids.tolist() == [[1, 2], [1, 2], [M, M]]
+    def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
+        pass
+
+    def denoise_forward(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]
+        def run() -> torch.Tensor:
+            self.layouts.append(list(num_blocks))
+            return logits_for([[1, 2]] * block_ids.shape[0], self.p)
+
+        return run
+
+
+def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order() -> None:
+    # threshold 0.99: one position a step (top-1 fallback); tau 0.9: both positions are ready
+    # after one step, so the block after the frontier opens while the frontier still has a mask
+    algo = LowConfidence(LowConfidenceConfig(0.99), 2, M)
+    runner = ScriptedLogits(0.95)
+    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.6,
+                                                          token_threshold=0.9))
+    worker = Worker(runner, algo, mode, report_every_s=0.0)  # type: ignore[arg-type]
+    admit = Admit(1, 0, 0, np.full((1, 2), M), [None], [0], ReqSettings(prompt_len=0, max_end=8))
+    retired = []
+    for i in range(9):
+        report = worker.iterate([AddPages(0, 0, np.arange(4)), admit] if i == 0 else [])
+        if report is not None and report.retired is not None:
+            retired += list(zip(report.retired.starts.tolist(), report.retired.forwards.tolist(),
+                                strict=True))
+    # f1: block 0; f2: block 0 (ready after step 1: block 2 opens for f3); f3: blocks 0, 2
+    # (block 0 converged after step 2, so f3 is its final forward) ...
+    assert runner.layouts[:4] == [[1], [1], [2], [1]]
+    assert [s for s, _ in retired] == [0, 2, 4, 6]  # in order, every block once
+    assert all(f == 3 for _, f in retired)  # 2 unmasking steps + the done-on-entry forward
+    assert worker.batch.reqs == {}  # max_end reached: the worker forgot the request
 
 
 def test_joint_threshold_reopens_later_block_when_left_block_edits() -> None:
     algo = JointThreshold(JointThresholdConfig(), 2, M)
-    batch = make_batch([[3, 3], [4, 4]], [2], [8])
+    batch = make_batch([[3, 3], [4, 4]], [2])
     state = algo.init_step_state(batch.block_ids)
     state["prompt_mask"][:] = False
     state["finished"][1] = True  # block 1 had converged against the old block 0
@@ -123,23 +141,19 @@ def test_joint_threshold_reopens_later_block_when_left_block_edits() -> None:
 def serial_generate(runner: ModelRunner, algo, prompt: list[int], max_new: int) -> list[int]:
     """A plain block-by-block decoder at batch size 1: no scheduler, no rounds."""
     k = runner.block_size
-    pages = np.arange(runner.kv.max_pages_per_req)
-    runner.set_pages([0], [pages])
+    runner.add_pages(0, 0, np.arange(runner.kv.max_pages_per_req))
     out, start = [], len(prompt) // k * k
     if start:
-        from dllm_serve.managers.messages import PrefillWork
-
-        work = PrefillWork([0], [pages], [0], [np.asarray(prompt[:start])])
-        runner.forward(runner.prefill_batch(work))
+        runner.prefill([0], [0], [np.asarray(prompt[:start])])
     tail = prompt[start:]
     while len(out) < max_new:
         ids = torch.full((1, k), algo.mask_id, dtype=torch.int64)
         ids[0, :len(tail)] = torch.tensor(tail, dtype=torch.int64)
-        batch = DenoiseBatch(ids, [1], [start], [start + k], [0.0], [1.0], [0], {},
+        batch = DenoiseBatch(ids, [1], [start], [0.0], [1.0], [0], {},
                              np.zeros(1, dtype=np.int64))
         state = algo.init_step_state(ids)
-        fb = runner.denoise_batch([0], batch)
-        while not algo.step(batch, runner.forward(fb), state).item():
+        forward = runner.eager_forward([0], [start], [1], ids)
+        while not algo.step(batch, forward(), state).done.item():
             batch.block_steps += 1
         out += ids[0, len(tail):].tolist()
         tail, start = [], start + k
@@ -150,14 +164,12 @@ def serial_generate(runner: ModelRunner, algo, prompt: list[int], max_new: int) 
 @pytest.mark.parametrize("fdfo", [True, False])
 def test_w1_equals_a_plain_serial_decoder(tiny_model_dir: Path, algorithm: str,
                                           fdfo: bool) -> None:
-    sched = local_engine(tiny_model_dir, algorithm, fdfo, wavefront=1)
+    engine = local_engine(tiny_model_dir, algorithm, fdfo, wavefront=1)
     prompt = list(range(5, 5 + 40))
-    sched.add_request(GenerateReq("a", np.asarray(prompt),
-                                  SamplingParams(max_new_tokens=50, ignore_eos=True), 0.0))
-    outs: list[int] = []
-    while sched.step():
-        outs += [t for o in sched.take_outputs() for t in o.new_ids.tolist()]
-    worker = sched.worker  # type: ignore[attr-defined]
+    engine.submit("a", prompt, max_new_tokens=50, ignore_eos=True)
+    engine.run()
+    outs = engine.tokens("a")
+    worker = engine.worker
     assert len(outs) == 50
     assert outs == serial_generate(worker.runner, worker.algo, prompt, 50)
 
@@ -166,15 +178,15 @@ def test_w1_equals_a_plain_serial_decoder(tiny_model_dir: Path, algorithm: str,
 @pytest.mark.parametrize("fdfo", [True, False])
 def test_retired_kv_equals_serial_recomputation(tiny_model_dir: Path, wavefront: int,
                                                 fdfo: bool) -> None:
-    sched = local_engine(tiny_model_dir, "JointThreshold", fdfo, wavefront=wavefront)
-    runner: ModelRunner = sched.worker.runner  # type: ignore[attr-defined]
+    engine = local_engine(tiny_model_dir, "JointThreshold", fdfo, wavefront=wavefront)
+    sched, runner = engine.sched, engine.worker.runner
+    assert isinstance(runner, ModelRunner)
     for rid, ids in {"a": list(range(3, 78)), "b": list(range(40, 49))}.items():
-        sched.add_request(GenerateReq(rid, np.asarray(ids),
-                                      SamplingParams(max_new_tokens=300, ignore_eos=True), 0.0))
-    while min((r.blocks for r in sched.running), default=0) < 2:
-        sched.step()
+        engine.submit(rid, ids, max_new_tokens=300, ignore_eos=True)
+    while min((r.blocks for r in sched.running.values()), default=0) < 2:
+        engine.step()
     assert sched.stats["committed_blocks"] >= 4
-    for req in sched.running:
+    for req in sched.running.values():
         n = req.committed_len
         tokens = (list(req.input_ids) + req.output_ids)[:n]
         slots = runner.kv.slots(torch.full((n,), req.holding.slot), torch.arange(n))
@@ -186,33 +198,30 @@ def test_retired_kv_equals_serial_recomputation(tiny_model_dir: Path, wavefront:
 def test_packing_opens_blocks_per_request_and_abort_mid_wavefront_frees_all(
         tiny_model_dir: Path) -> None:
     # every masked position counts as ready: the frontier opens the next block at once
-    sched = local_engine(tiny_model_dir, "LowConfidence", True, wavefront=3,
-                         token_threshold=0.0)
+    engine = local_engine(tiny_model_dir, "LowConfidence", True, wavefront=3,
+                          token_threshold=0.0)
     for i in range(2):
-        sched.add_request(GenerateReq(f"r{i}", np.arange(3, 3 + 5 + 30 * i),
-                                      SamplingParams(max_new_tokens=200, ignore_eos=True), 0.0))
-    widths = set()
+        engine.submit(f"r{i}", list(range(3, 3 + 5 + 30 * i)), max_new_tokens=200,
+                      ignore_eos=True)
+    widths: set[int] = {0}
     for _ in range(40):
-        sched.step()
-        widths |= {len(r.dllm_incomplete_ids) for r in sched.running
-                   if r.dllm_incomplete_ids is not None}
-        if 2 in widths or 3 in widths:
+        engine.step()
+        widths |= {len(r.blocks) for r in engine.worker.batch.reqs.values()}
+        if max(widths) > 1:
             break
     assert max(widths) > 1, "no request ever had more than one active block"
-    sched.abort(AbortReq(abort_all=True))
-    sched.take_outputs()
-    sched.check_integrity()
-    stats = sched.alloc.stats()
-    assert stats["free_pages"] == stats["total_pages"] and sched.alloc.reserved == 0
+    engine.sched.abort(AbortReq(abort_all=True))
+    engine.run()
+    assert engine.worker.batch.reqs == {} and engine.worker.batch.num_rows == 0
+    engine.sched.check_integrity()
+    stats = engine.sched.alloc.stats()
+    assert stats["free_pages"] == stats["total_pages"] and engine.sched.alloc.reserved == 0
 
 
 def test_lockstep_baseline_completes(tiny_model_dir: Path) -> None:
-    sched = local_engine(tiny_model_dir, "JointThreshold", False, wavefront=2, lockstep=True)
+    engine = local_engine(tiny_model_dir, "JointThreshold", False, wavefront=2, lockstep=True)
     for i in range(2):
-        sched.add_request(GenerateReq(f"r{i}", np.arange(3, 10 + 20 * i),
-                                      SamplingParams(max_new_tokens=40, ignore_eos=True), 0.0))
-    while sched.step():
-        pass
-    finished = [o for o in sched.take_outputs() if o.finished]
-    assert sorted(o.completion_tokens for o in finished) == [40, 40]
-    sched.check_integrity()
+        engine.submit(f"r{i}", list(range(3, 10 + 20 * i)), max_new_tokens=40, ignore_eos=True)
+    outs = engine.run()
+    assert sorted(o[-1].completion_tokens for o in outs.values()) == [40, 40]
+    engine.sched.check_integrity()

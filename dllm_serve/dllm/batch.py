@@ -1,9 +1,9 @@
-"""`DenoiseBatch`: the active blocks of one round, grouped by request.
+"""`DenoiseBatch`: what one denoise step sees of the active blocks, grouped by request.
 
 Layout invariant: `block_ids` (N, K) holds the N active blocks ordered by request and, within a
 request, by position. Request b owns num_blocks[b] consecutive rows: blocks at absolute
 positions first_starts[b], first_starts[b] + K, ... So `block_ids.view(-1)` is exactly the
-concatenation of every request's active tokens, in the order the forward batch lays them out.
+concatenation of every request's active tokens, in the order the forward lays them out.
 With one block per request (wavefront size 1) N == B.
 """
 
@@ -20,24 +20,20 @@ class DenoiseBatch:
     """block_ids: (N, K) int64 on the device, edited in place by the algorithm's step().
 
     Per request (B of them, host): num_blocks, first_starts (absolute position of the leftmost
-    active block), limits (end position up to which blocks may be opened), temperatures
-    (0 = greedy), top_ps, seeds, top_ks and min_ps (empty: off for every request); params:
-    per-request values (B,) on the device of the settings a request may override. Per block
-    (host): block_steps (N,), forwards each block has had since it opened. confidence (N, K):
-    set by the last predict(), the confidence of each predicted token (the wavefront's spawn
-    gate reads it).
+    active block), temperatures (0 = greedy), top_ps, seeds, top_ks and min_ps (empty: off for
+    every request); params: per-request values (B,) on the device of the settings a request may
+    override. Per block (host): block_steps (N,),
+    forwards each block has had since it opened (the step being taken not counted).
     """
 
     block_ids: torch.Tensor
     num_blocks: list[int]
     first_starts: list[int]
-    limits: list[int]
     temperatures: list[float]
     top_ps: list[float]
     seeds: list[int]
     params: dict[str, torch.Tensor]
     block_steps: np.ndarray
-    confidence: torch.Tensor | None = None
     _row_req: torch.Tensor | None = field(default=None, repr=False)
     top_ks: list[int] = field(default_factory=list)
     min_ps: list[float] = field(default_factory=list)
@@ -72,36 +68,17 @@ class DenoiseBatch:
         return [s + j * k for s, n in zip(self.first_starts, self.num_blocks, strict=True)
                 for j in range(n)]
 
-    def room(self) -> list[bool]:
-        """Per request: may a block still open after its frontier (within its limit)?"""
-        k = self.block_size
-        return [s + (n + 1) * k <= lim for s, n, lim in
-                zip(self.first_starts, self.num_blocks, self.limits, strict=True)]
-
-    def with_new_blocks(self, spawn: np.ndarray, mask_id: int) -> tuple[DenoiseBatch,
-                                                                        torch.Tensor]:
-        """A copy with one all-mask block appended to each request where spawn[b].
-
-        Returns the new batch and `order` (N',) indexing rows of cat([old rows, new rows]),
-        so that callers can rearrange per-block state the same way.
-        """
-        old_n = self.size
-        order, fresh, counts = [], 0, []
-        for b, (start, n) in enumerate(zip(self._offsets(), self.num_blocks, strict=True)):
-            order.extend(range(start, start + n))
-            if spawn[b]:
-                order.append(old_n + fresh)
-                fresh += 1
-            counts.append(n + int(spawn[b]))
-        dev = self.block_ids.device
-        new_rows = torch.full((fresh, self.block_size), mask_id, dtype=torch.int64, device=dev)
-        idx = torch.as_tensor(order, device=dev)
-        steps = np.concatenate([self.block_steps, np.zeros(fresh, dtype=np.int64)])[order]
-        batch = DenoiseBatch(
-            torch.cat([self.block_ids, new_rows])[idx], counts, self.first_starts, self.limits,
-            self.temperatures, self.top_ps, self.seeds, self.params, steps,
-            top_ks=self.top_ks, min_ps=self.min_ps)
-        return batch, idx
-
-    def _offsets(self) -> list[int]:
+    def row_offsets(self) -> list[int]:
+        """First row of each request."""
         return np.concatenate([[0], np.cumsum(self.num_blocks)[:-1]]).astype(int).tolist()
+
+    def select(self, request: int) -> tuple[DenoiseBatch, slice]:
+        """The batch of one request's rows (views of this batch's tensors) and its row slice."""
+        first = self.row_offsets()[request]
+        rows = slice(first, first + self.num_blocks[request])
+        one = DenoiseBatch(
+            self.block_ids[rows], [self.num_blocks[request]], [self.first_starts[request]],
+            [self.temperatures[request]], [self.top_ps[request]], [self.seeds[request]],
+            {k: v[request:request + 1] for k, v in self.params.items()}, self.block_steps[rows],
+            top_ks=self.top_ks[request:request + 1], min_ps=self.min_ps[request:request + 1])
+        return one, rows

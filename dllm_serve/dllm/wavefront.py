@@ -1,19 +1,19 @@
-"""FlowBlock's gated wavefront: when a request may open its next block, and which blocks retire.
+"""FlowBlock's gated wavefront: the readiness gate and the reopening of later blocks.
 
 Per request a window of at most W adjacent active blocks [L, R) is denoised together in one
 segment (block-causal: block g sees blocks L..g and the committed prefix, never a block to its
-right). After each forward the leading blocks that report done (on entry) retire, in order
-only; then the frontier block R-1 spawns an all-mask block R when its readiness
-rho = (masked positions with confidence >= tau) / (masked positions) exceeds theta (a frontier
-with no masks left is ready), R - L < W counting the retiring blocks as gone, and the new block
-fits the request's limit. W = 1 is plain block-by-block decoding (no spawning).
+right). Leading converged blocks retire in order only; the frontier block R-1 spawns an
+all-mask block R when its readiness rho = (masked positions with confidence >= tau) / (masked
+positions) exceeds theta (a frontier with no masks left is ready), R - L < W counting the
+retiring blocks as gone, and the new block fits the request's pages (dllm/modes.py decides).
+When a block's tokens change, the later blocks of its request are reopened (their convergence
+was judged against the old tokens). W = 1 is plain block-by-block decoding (no spawning).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 
@@ -55,33 +55,3 @@ def earlier_block_changed(changed: torch.Tensor, row_req: torch.Tensor) -> torch
     first[1:] = row_req[1:] != row_req[:-1]
     base = torch.cummax(torch.where(first, count, 0), 0).values
     return count - base > 0
-
-
-def retire_counts(done: np.ndarray, num_blocks: list[int]) -> np.ndarray:
-    """Per request, how many leading blocks are done (blocks retire in order only)."""
-    out = np.zeros(len(num_blocks), dtype=np.int64)
-    offset = 0
-    for b, n in enumerate(num_blocks):
-        lead = done[offset:offset + n]
-        out[b] = n if lead.all() else int(np.argmin(lead))
-        offset += n
-    return out
-
-
-def spawn_mask(ready: np.ndarray, num_blocks: list[int], retired: np.ndarray,
-               room: list[bool], cfg: WavefrontConfig) -> np.ndarray:
-    """Which requests open a new block: frontier ready, window not full once this forward's
-    retiring blocks have left, room under the limit.
-
-    ready: (N,) per block; retired[b]: leading blocks retiring now; room[b]: the request may
-    still place a block after its frontier. Lockstep opens blocks only when every request that
-    could is ready, all together.
-    """
-    ends = np.cumsum(num_blocks) - 1
-    eligible = np.array([n - k < cfg.size and r for n, k, r in
-                         zip(num_blocks, retired, room, strict=True)])
-    frontier_ready = ready[ends] if len(ends) else np.zeros(0, dtype=bool)
-    if cfg.lockstep:
-        go = eligible.any() and frontier_ready[eligible].all()
-        return eligible & go
-    return eligible & frontier_ready

@@ -32,6 +32,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                503: "service_unavailable_error"}
 # The openai client retries 5xx by default; a 503 means "busy or going away", so say no.
 NO_RETRY = {"x-should-retry": "false"}
+ENGINE_DEAD = "The engine has died; the server cannot serve requests."
+REQUEST_FAILED = "The engine failed while serving this request; other requests go on."
 
 
 class APIError(Exception):
@@ -71,6 +73,8 @@ def from_finish_reason(reason: Mapping[str, Any]) -> APIError | None:
     """The error carried by an engine abort with a status (queue full: 503, too big: 400; a
     failed engine: 500, whose internal message stays in the log)."""
     status = reason.get("status_code")
+    if reason.get("type") == "error":  # this request failed alone in the engine
+        return EngineFailed(str(reason.get("message", "")), REQUEST_FAILED)
     if reason.get("type") != "abort" or status is None:
         return None
     if int(status) == 500:
@@ -80,10 +84,11 @@ def from_finish_reason(reason: Mapping[str, Any]) -> APIError | None:
 
 
 class EngineFailed(APIError):
-    """A request the engine failed (it died); `detail` is for the log only."""
+    """A request the engine failed (it died, or this request failed alone); `detail` is for
+    the log only."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(500, ENGINE_DEAD)
+    def __init__(self, detail: str, message: str | None = None) -> None:
+        super().__init__(500, message or ENGINE_DEAD)
         self.detail = detail
 
 
@@ -93,7 +98,6 @@ def raise_if_failed(finish_reason: Mapping[str, Any] | None) -> None:
         raise err
 
 
-ENGINE_DEAD = "The engine has died; the server cannot serve requests."
 
 
 def as_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
@@ -103,9 +107,11 @@ def as_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
         return APIError(exc.status, str(exc), param=exc.param)
     if isinstance(exc, APIError) and exc.status < 500:
         return exc
-    if isinstance(exc, (EngineDeadError, EngineFailed)):
-        detail = exc.detail if isinstance(exc, EngineFailed) else str(exc)
-        logger.error("request %s failed, the engine died: %s", request_id, detail)
+    if isinstance(exc, EngineFailed):
+        logger.error("request %s failed: %s (%s)", request_id, exc.message, exc.detail)
+        return _with_id(APIError(500, exc.message), request_id)
+    if isinstance(exc, EngineDeadError):
+        logger.error("request %s failed, the engine died: %s", request_id, exc)
         return _with_id(APIError(500, ENGINE_DEAD), request_id)
     if isinstance(exc, APIError):
         return _with_id(exc, request_id)

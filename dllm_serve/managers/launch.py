@@ -8,18 +8,19 @@ from typing import Any
 
 import zmq
 
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError
 from dllm_serve.managers.ipc import Addresses, Receiver
 from dllm_serve.managers.messages import Fatal, Ready
 from dllm_serve.managers.procs import ProcessSet, spawn
 from dllm_serve.managers.scheduler_main import run_scheduler_process
 from dllm_serve.managers.worker_main import run_worker_process
-from dllm_serve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 
-def launch(args: ServerArgs, ctx: zmq.Context) -> tuple[ProcessSet, Receiver, dict[str, Any]]:
+def launch(config: EngineConfig, ctx: zmq.Context,
+           ) -> tuple[ProcessSet, Receiver, dict[str, Any]]:
     """Spawn both children; return them, the front's receiving channel and the ready info.
 
     Raises EngineDeadError (with the child's traceback when there is one) if a child dies or
@@ -28,11 +29,11 @@ def launch(args: ServerArgs, ctx: zmq.Context) -> tuple[ProcessSet, Receiver, di
     addrs = Addresses.fresh()
     rx = Receiver(ctx, addrs.to_front)
     procs = ProcessSet(addrs, spawn({
-        "scheduler": (run_scheduler_process, (args, addrs)),
-        "worker": (run_worker_process, (args, addrs)),
+        "scheduler": (run_scheduler_process, (config.scheduler(), addrs)),
+        "worker": (run_worker_process, (config.worker(), addrs)),
     }))
     try:
-        return procs, rx, wait_ready(procs, rx, args.startup_timeout)
+        return procs, rx, wait_ready(procs, rx, config.args.startup_timeout)
     except BaseException:
         procs.kill()
         rx.sock.close()

@@ -1,10 +1,23 @@
 """Every message that crosses a process boundary, and the one codec (pickle protocol 5).
 
 Token ids travel as numpy arrays, never as lists of Python ints on the hot path.
-Directions: front -> scheduler (GenerateReq, AbortReq, InfoReq, FlushReq);
-scheduler -> front (Ready, BatchOutput, InfoResp, Fatal);
-scheduler -> worker (PrefillWork, DenoiseWork, Shutdown); worker -> scheduler
-(WorkerReady, PrefillDone, RoundResult, WorkerFailed).
+
+front -> scheduler: GenerateReq, AbortReq, InfoReq, Shutdown.
+scheduler -> front: Ready, BatchOutput, InfoResp, Fatal.
+scheduler -> worker: WorkerBatch (changes only: AddPages, Prefill, Admit, Release, Preempt),
+    Shutdown.
+worker -> scheduler: WorkerReady, WorkerReport (results only: retired blocks, preempted and
+    failed requests, counters), WorkerFailed.
+
+Ownership of a request's unfinished blocks (the rule the runtime rests on): from `Admit` until
+they leave, the worker owns them on the device (ids, algorithm state, step counts), and it opens
+the request's next blocks itself while the request's pages cover them. A block leaves the
+device batch by retiring (reported in `Retired`, then committed by the scheduler), by
+`Preempt` (reported in `Preempted`; the scheduler stores the blocks in
+`Req.dllm_incomplete_ids` / `Req.dllm_algo_state` and may `Admit` them again), by `Release`
+(the request finished or was aborted: dropped) or by failing (`Failed`). Requests are named on
+this channel by `uid`, unique per admission, so a late report about a request that has since
+finished is recognised and dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from dllm_serve.sampling_params import SamplingParams
+
+RowState = dict[str, np.ndarray]  # one block's algorithm state, opaque to the scheduler
 
 # ---- front -> scheduler -----------------------------------------------------------------
 
@@ -54,6 +69,7 @@ class ReqOutput:
     finished: bool = False
     # {"type": "stop", "matched": id | str} | {"type": "length", "length": n}
     # | {"type": "abort", "message": str, "status_code": int}
+    # | {"type": "error", "message": str, "status_code": 500} (this request failed alone)
     finish_reason: dict[str, Any] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -87,44 +103,93 @@ class Fatal:
     message: str
 
 
-# ---- scheduler <-> worker ---------------------------------------------------------------
+# ---- scheduler -> worker: changes -------------------------------------------------------
 
 
 @dataclass
-class PrefillWork:
-    """Prompt blocks to cache: per row, tokens at positions [seg_start, seg_start + len)."""
+class ReqSettings:
+    """What the worker needs to run one request's blocks; fixed for the request's life.
 
-    req_slots: list[int]
-    pages: list[np.ndarray]  # each request's whole page list
+    stop_ids: tokens that end the output (EOS unless ignore_eos, and stop_token_ids). The worker
+    opens no block after one whose generated part holds such a token, and none past max_end
+    (prompt_len + max_new_tokens rounded up to a block); the scheduler's finish check, which also
+    knows stop strings, has the last word.
+    """
+
+    prompt_len: int
+    max_end: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    params: dict[str, float] = field(default_factory=dict)  # per-request algorithm overrides
+    stop_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top_k: int = -1  # -1: off
+    min_p: float = 0.0
+
+
+@dataclass
+class AddPages:
+    """Page-table entries [first, first + len(pages)) of the request in `slot`."""
+
+    slot: int
+    first: int
+    pages: np.ndarray  # (n,) int64
+
+
+@dataclass
+class Prefill:
+    """One prefill forward: per row, prompt tokens at positions [seg_start, seg_start + len)
+    (whole blocks) of the request in slots[i], whose pages are already mapped."""
+
+    slots: list[int]
     seg_starts: list[int]
     token_ids: list[np.ndarray]  # (seg_len,) int64 each, seg_len a multiple of block_size
 
 
 @dataclass
-class DenoiseWork:
-    """The active blocks of each request: request b owns num_blocks[b] consecutive rows of
-    block_ids, contiguous blocks from absolute position first_starts[b]; it may open new blocks
-    up to position limits[b] (its pages cover that far)."""
+class Admit:
+    """Start (or resume after a preemption) denoising a request's blocks: n contiguous blocks
+    from first_start; states[i] None means block i starts now (fresh algorithm state)."""
 
-    req_slots: list[int]
-    pages: list[np.ndarray]
-    first_starts: list[int]
-    num_blocks: list[int]
-    limits: list[int]
-    block_ids: np.ndarray  # (N, K) int64
-    states: list[dict[str, np.ndarray] | None]  # per block; None: the block starts now
-    block_steps: np.ndarray  # (N,) int64 forwards each block has had
-    temperatures: list[float]  # per request from here on
-    top_ps: list[float]
-    seeds: list[int]
-    params: list[dict[str, float]]  # per-request algorithm overrides
-    top_ks: list[int] = field(default_factory=list)  # per request; empty: off
-    min_ps: list[float] = field(default_factory=list)
+    uid: int
+    slot: int
+    first_start: int
+    blocks: np.ndarray  # (n, block_size) int64
+    states: list[RowState | None]
+    block_steps: list[int]
+    settings: ReqSettings
+
+
+@dataclass
+class Release:
+    """The request finished or was aborted: drop its blocks (nothing is reported)."""
+
+    uid: int
+
+
+@dataclass
+class Preempt:
+    """Take the request's blocks off the device and report them in `Preempted`."""
+
+    uid: int
+
+
+WorkItem = AddPages | Prefill | Admit | Release | Preempt
+
+
+@dataclass
+class WorkerBatch:
+    """The scheduler's changes of one loop iteration, applied by the worker in order."""
+
+    items: list[WorkItem]
 
 
 @dataclass
 class Shutdown:
     pass
+
+
+# ---- worker -> scheduler: results -------------------------------------------------------
 
 
 @dataclass
@@ -135,26 +200,57 @@ class WorkerReady:
 
 
 @dataclass
-class PrefillDone:
-    forwards: int = 1
+class Retired:
+    """R blocks whose final forward has run, in retirement order (a request's in position
+    order): their tokens are final and their cached KV exact."""
+
+    uids: np.ndarray  # (R,) int64
+    starts: np.ndarray  # (R,) int64 absolute position of each block
+    ids: np.ndarray  # (R, block_size) int64
+    forwards: np.ndarray  # (R,) forwards each block took, its final (done-on-entry) one included
+    edits: np.ndarray  # (R,) T2T edits each block had
+    req_forwards: np.ndarray  # (R,) denoise forwards the block's request has taken part in
+
+    def __len__(self) -> int:
+        return len(self.uids)
 
 
 @dataclass
-class RoundResult:
-    """The blocks after the round, laid out like DenoiseWork (blocks opened inside the round
-    included); request b commits its first retired[b] blocks (accept_length = retired * K)."""
+class Preempted:
+    uid: int
+    first_start: int
+    blocks: np.ndarray  # (n, block_size) int64
+    states: list[RowState | None]
+    block_steps: list[int]
+    req_forwards: int
 
-    block_ids: np.ndarray  # (N', K) int64, as the last step left them
-    num_blocks: list[int]
-    retired: np.ndarray  # (B,) int64
-    states: list[dict[str, np.ndarray] | None]  # per block; None for retired blocks
-    block_steps: np.ndarray  # (N',) int64
-    done_steps: np.ndarray  # (N',) block_steps when each block's run of done reports began
-    forwards: int  # forwards run this round (every request took part in each)
-    block_edits: np.ndarray  # (N',) int64 T2T edits each block has had (0 if none)
 
-    def accept_lengths(self, block_size: int) -> np.ndarray:
-        return self.retired * block_size
+@dataclass
+class Failed:
+    """The request failed alone (non-finite logits, no convergence, an error in its step)."""
+
+    uid: int
+    message: str
+
+
+@dataclass
+class WorkerReport:
+    """What happened since the worker's previous report. Counters: denoise forwards, prefill
+    forwards, rounds (forwards after which a block retired), block_steps (active blocks summed
+    over forwards) and idle_block_steps (of which blocks past their final forward, waiting)."""
+
+    retired: Retired | None = None
+    preempted: list[Preempted] = field(default_factory=list)
+    failed: list[Failed] = field(default_factory=list)
+    forwards: int = 0
+    prefills: int = 0
+    rounds: int = 0
+    block_steps: int = 0
+    idle_block_steps: int = 0
+
+    @property
+    def has_results(self) -> bool:
+        return bool(self.retired is not None or self.preempted or self.failed)
 
 
 @dataclass
@@ -163,8 +259,9 @@ class WorkerFailed:
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    GenerateReq, AbortReq, InfoReq, ReqOutput, BatchOutput, InfoResp, Ready, Fatal, PrefillWork,
-    DenoiseWork, Shutdown, WorkerReady, PrefillDone, RoundResult, WorkerFailed,
+    GenerateReq, AbortReq, InfoReq, ReqOutput, BatchOutput, InfoResp, Ready, Fatal, ReqSettings,
+    AddPages, Prefill, Admit, Release, Preempt, WorkerBatch, Shutdown, WorkerReady, Retired,
+    Preempted, Failed, WorkerReport, WorkerFailed,
 )
 
 
@@ -174,7 +271,7 @@ def encode(msg: object) -> bytes:
     return pickle.dumps(msg, protocol=5)
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes | memoryview) -> Any:
     msg = pickle.loads(data)
     if not isinstance(msg, MESSAGE_TYPES):
         raise TypeError(f"received a non-message object: {type(msg).__name__}")

@@ -7,10 +7,12 @@ Lengths (one vocabulary, used everywhere):
   block_size). While generating, the block being denoised starts at block_start = committed_len;
   the first generation block starts with the prompt's tail (prompt_len - prefill_end tokens).
 - max_end: prompt_len + max_new_tokens rounded up to a block: the most positions ever cached.
-The unfinished blocks (one, or up to W with a wavefront; contiguous from block_start) keep their
-tokens in `dllm_incomplete_ids` (n, block_size) and their algorithm states in `dllm_algo_state`
-(a list of n opaque states); both are None when the next block has not started. The scheduler
-never looks inside a state.
+While a request's blocks are on the device the worker owns them (managers/messages.py); the
+scheduler learns of each block when it retires, and `committed_len` advances. When the blocks
+leave the device unfinished (a preemption), the worker's report fills `dllm_incomplete_ids`
+(n, block_size) (one block, or up to W with a wavefront; contiguous from block_start) and
+`dllm_algo_state` (n opaque states), which the next admission sends back; both are None
+otherwise. The scheduler never looks inside a state.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Req:
     arrival: float
     block_size: int
     seed: int
+    uid: int = -1  # the worker's name for this admission (unique per admission)
+    on_device: bool = False  # its blocks are in the worker's batch (or on their way)
     output_ids: list[int] = field(default_factory=list)
     holding: Holding | None = None  # slot and pages, once admitted
     committed_len: int = 0
@@ -46,6 +50,7 @@ class Req:
     block_edits: list[int] = field(default_factory=list)  # T2T edits in each committed block
     forward_steps: int = 0
     denoise_steps: int = 0  # forwards excluding prefill
+    prefill_forwards: int = 0
     blocks: int = 0
     finish_reason: dict[str, Any] | None = None
 
@@ -85,13 +90,6 @@ class Req:
         tail = self.input_ids[self.committed_len:self.block_end]
         ids[0, : len(tail)] = tail
         return ids
-
-    def window_end(self, wavefront_size: int) -> int:
-        """End position up to which blocks may be open in the next round, never past max_end:
-        the W-block window, plus one block for a spawn in the forward where the leftmost block
-        retires (the worker opens it before handing back). W = 1 never spawns."""
-        blocks = wavefront_size + 1 if wavefront_size > 1 else 1
-        return min(self.max_end, self.committed_len + blocks * self.block_size)
 
     def generated_part(self, block: np.ndarray) -> np.ndarray:
         """The block's tokens that are output, i.e. past the prompt."""

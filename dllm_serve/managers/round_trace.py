@@ -1,14 +1,15 @@
-"""Worker-side timing of every round, for benchmarks (benchmarks/engine_gpu.py).
+"""Worker-side timing of every device item and every loop iteration, for benchmarks.
 
-With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends one JSON line per work
-item to FILE: kind ("prefill" | "denoise"), t0 and t1 (time.monotonic(), comparable across
-processes on Linux) around the item, forwards, blocks (active blocks after the round), and
-forward_ms, the device time of its denoise forwards (CUDA events around each forward: a graph
-replay or an eager forward); its first line (kind "worker") says whether CUDA graphs are in use
-and for which buckets. The worker runs one item at a time and each item ends with a host
-sync, so the device has no work between one item's t1 and the next one's t0: the time between
-items is device idle time. `summarize` turns the records of a time window into the numbers the
-benchmark reports.
+With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON lines to FILE:
+- first {"kind": "worker", "cuda_graphs": bool, "graph_buckets": [...]};
+- per device item ("prefill" | "denoise": one forward, with the step for denoise): rows (active
+  blocks), t0 / t1 (time.monotonic() around the host's launch), gpu_ms (device time, from CUDA
+  events around the item; wall time on the CPU) and gap_ms (device idle between the previous
+  item's end and this one's start: CUDA events, so exact; 0 for the first item);
+- per loop iteration with work ("host"): t0 / t1 and wait_ms, the part of it the host spent
+  blocked on the device (reading a step back), so t1 - t0 - wait_ms is host work.
+Items are written once their end event has completed, never waiting for it. The readers are in
+benchmarks/trace_summary.py.
 """
 
 from __future__ import annotations
@@ -17,76 +18,67 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import torch
 
-from dllm_serve.managers.messages import DenoiseWork, PrefillWork
-from dllm_serve.model.forward_timer import ForwardTimer
-
 TRACE_ENV = "DLLM_SERVE_ROUND_TRACE"
-Run = Callable[[PrefillWork | DenoiseWork], Any]
+T = TypeVar("T")
 
 
-def traced(run: Run, runner: Any) -> Run:
-    """`run` (Worker.run), timed into $DLLM_SERVE_ROUND_TRACE when it is set."""
-    path = os.environ.get(TRACE_ENV)
-    if not path:
-        return run
-    runner.timer = ForwardTimer(runner.device)
-    out: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the worker)
-    graphs = runner.graphs
-    now = time.monotonic()
-    out.write(json.dumps({"kind": "worker", "t0": now, "t1": now,
-                          "cuda_graphs": graphs is not None,
-                          "graph_buckets": graphs.buckets if graphs is not None else []}) + "\n")
+class Tracer:
+    def __init__(self, path: str, device: torch.device, header: dict[str, Any]) -> None:
+        self.cuda = device.type == "cuda"
+        self.out: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 (lives with the worker)
+        self.pending: list[tuple[dict[str, Any], Any, Any]] = []
+        self.prev_end: Any = None
+        now = time.monotonic()
+        self._write({"kind": "worker", "t0": now, "t1": now, **header})
 
-    def timed(work: PrefillWork | DenoiseWork) -> Any:
-        t0 = time.monotonic()
-        result = run(work)
-        if isinstance(work, PrefillWork) and runner.device.type == "cuda":
-            torch.cuda.synchronize()  # a prefill returns without waiting for the device
-        t1 = time.monotonic()
-        forwards, ms = runner.timer.drain()
-        record = {"kind": "prefill" if isinstance(work, PrefillWork) else "denoise",
-                  "t0": t0, "t1": t1, "forwards": getattr(result, "forwards", 1),
-                  "blocks": len(getattr(result, "block_ids", ())), "forward_ms": ms,
-                  "timed_forwards": forwards}
-        out.write(json.dumps(record) + "\n")
-        return result
+    @staticmethod
+    def from_env(device: torch.device, header: dict[str, Any]) -> Tracer | None:
+        path = os.environ.get(TRACE_ENV)
+        return Tracer(path, device, header) if path else None
 
-    return timed
+    def run(self, kind: str, fn: Callable[[], T], rows: int = 0) -> T:
+        """Run fn (which queues one device item) between two timestamps."""
+        start, t0 = self._mark(), time.monotonic()
+        out = fn()
+        end, t1 = self._mark(), time.monotonic()
+        self.pending.append(({"kind": kind, "rows": rows, "t0": t0, "t1": t1}, start, end))
+        self._flush()
+        return out
 
+    def settle(self) -> None:
+        """Write every pending item (the worker is going idle: waiting costs nothing)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._flush()
 
-def read_trace(path: str, start: float, end: float, kinds: tuple[str, ...] = ("prefill",
-               "denoise")) -> list[dict[str, Any]]:
-    """The records of `kinds` that ran inside [start, end] (monotonic seconds)."""
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if r["kind"] in kinds and r["t0"] >= start and r["t1"] <= end]
+    def host(self, t0: float, t1: float, wait_s: float) -> None:
+        self._write({"kind": "host", "t0": t0, "t1": t1, "wait_ms": 1e3 * wait_s})
 
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Rounds/s, forwards/s and where the time went, over the span from the first item's start
-    to the last item's end: idle_fraction is the share of that span between items (the
-    device certainly idle), forward_fraction the share inside denoise forwards."""
-    if not records:
-        return {}
-    span = max(r["t1"] for r in records) - min(r["t0"] for r in records)
-    busy = sum(r["t1"] - r["t0"] for r in records)
-    rounds = [r for r in records if r["kind"] == "denoise"]
-    forwards = sum(r["forwards"] for r in rounds)
-    forward_s = sum(r["forward_ms"] for r in rounds) / 1e3
-    round_s = sum(r["t1"] - r["t0"] for r in rounds)
-    return {
-        "span_s": span, "rounds": len(rounds), "forwards": forwards,
-        "prefills": len(records) - len(rounds),
-        "rounds_per_s": len(rounds) / span if span > 0 else 0.0,
-        "forwards_per_s": forwards / span if span > 0 else 0.0,
-        "idle_fraction": max(0.0, span - busy) / span if span > 0 else 0.0,
-        "forward_fraction": forward_s / span if span > 0 else 0.0,
-        "round_ms_mean": 1e3 * round_s / max(1, len(rounds)),
-        "forward_ms_mean": 1e3 * forward_s / max(1, forwards),
-        "gap_ms_mean": 1e3 * max(0.0, span - busy) / max(1, len(records) - 1),
-        "in_round_host_ms_per_forward": 1e3 * (round_s - forward_s) / max(1, forwards),
-    }
+    def _flush(self) -> None:
+        while self.pending and self._done(self.pending[0][2]):
+            record, start, end = self.pending.pop(0)
+            record["gpu_ms"] = self._ms(start, end)
+            record["gap_ms"] = 0.0 if self.prev_end is None else max(
+                0.0, self._ms(self.prev_end, start))
+            self.prev_end = end
+            self._write(record)
+
+    def _done(self, mark: Any) -> bool:
+        return not self.cuda or mark.query()
+
+    def _ms(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self.out.write(json.dumps(record) + "\n")

@@ -1,45 +1,50 @@
-"""The scheduler: owns requests, queues, admission, the KV allocator and the FDFO lifecycle.
+"""The scheduler: owns requests, queues, admission, the KV allocator and the request lifecycle.
 
-One round = one unit of work sent to the worker: either prefill (prompt blocks of newly
-admitted requests, which go first) or denoise (the current block of every running request).
-After a denoise round each row is either committed (accept_length = block_size: output, finish
-check, next block) or carried (`req.dllm_incomplete_ids` / `req.dllm_algo_state` stored; its
-slot and KV pages stay where they are, so the next round reuses them in place).
+It never waits for the worker. Each loop iteration it takes the front's messages (requests,
+aborts, info) and the worker's reports (retired blocks, preempted and failed requests), and
+answers with changes for the worker: pages, prefill forwards and admissions of new requests,
+releases of finished ones. Committing a retired block (finish check, output to the front) is
+the scheduler's; running the blocks is the worker's (see messages.py for who owns a block
+when). The worker opens a request's next block itself while the request's pages cover it, so
+the scheduler keeps each running request's pages mapped LOOKAHEAD_BLOCKS ahead of the last
+block it knows of.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import (
     AbortReq,
-    DenoiseWork,
+    AddPages,
+    Admit,
     GenerateReq,
     InfoReq,
     InfoResp,
-    PrefillDone,
-    PrefillWork,
+    Preempt,
+    Preempted,
+    Prefill,
+    Release,
     ReqOutput,
-    RoundResult,
+    ReqSettings,
+    Retired,
+    WorkerReport,
+    WorkItem,
 )
 from dllm_serve.managers.req import Req
 from dllm_serve.mem.allocator import KVAllocator
 
 logger = logging.getLogger(__name__)
 
-Work = PrefillWork | DenoiseWork
-Result = PrefillDone | RoundResult
-
-
-class WorkerLike(Protocol):
-    def run(self, work: Work) -> Result: ...
+LOOKAHEAD_BLOCKS = 2  # blocks mapped past the window the worker may open
 
 
 @dataclass(frozen=True)
@@ -60,33 +65,32 @@ class SchedulerConfig:
             raise ValueError(f"--page-size ({self.page_size}) must be a multiple of the "
                              f"model's block size ({self.block_size})")
 
+    @property
+    def mapped_blocks(self) -> int:
+        """Blocks past a request's committed end whose pages stay mapped: the W-block window,
+        one spawned in the forward where the leftmost retires, and the lookahead."""
+        return self.wavefront_size + 1 + LOOKAHEAD_BLOCKS
+
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, worker: WorkerLike,
-                 finish: FinishChecker) -> None:
+    def __init__(self, config: SchedulerConfig, finish: FinishChecker) -> None:
         self.config = config
-        self.worker = worker
         self.finish = finish
         self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_running_requests)
         self.waiting: deque[Req] = deque()
-        self.running: list[Req] = []
+        self.running: dict[int, Req] = {}  # by uid, admission order
+        self.held: dict[int, Req] = {}  # preempted: off the device, keeping slot and pages
         self.outbox: list[Any] = []
-        self.inflight: list[Req] = []  # the rows of the work last scheduled, in order
+        self.to_worker: list[WorkItem] = []
+        self.uids = itertools.count(1)
         self.rng = random.Random(config.random_seed)
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
                       "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
 
-    # ---- the loop body ------------------------------------------------------------------
-
-    def step(self) -> bool:
-        """Schedule and run one round; False when there was nothing to do."""
-        work = self.schedule()
-        if work is None:
-            return False
-        self.process(work, self.worker.run(work))
-        return True
+    # ---- the loop's interface -----------------------------------------------------------
 
     def handle(self, msg: Any) -> None:
+        """A message from the front."""
         if isinstance(msg, GenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
@@ -96,8 +100,28 @@ class Scheduler:
         else:
             raise TypeError(f"scheduler got an unexpected message {type(msg).__name__}")
 
+    def on_report(self, rep: WorkerReport) -> None:
+        """A report from the worker: count, then commit, fail and hold what it names."""
+        self._count(rep)
+        if rep.retired is not None:
+            self._retired(rep.retired)
+        for failed in rep.failed:
+            if (req := self.running.get(failed.uid)) is not None:
+                self._finish(req, {"type": "error", "message": failed.message,
+                                   "status_code": 500})
+        for pre in rep.preempted:
+            self._preempted(pre)
+
+    def schedule(self) -> None:
+        """Admit what fits; the changes go to `to_worker`."""
+        self._admit()
+
     def take_outputs(self) -> list[Any]:
         out, self.outbox = self.outbox, []
+        return out
+
+    def take_worker_items(self) -> list[WorkItem]:
+        out, self.to_worker = self.to_worker, []
         return out
 
     @property
@@ -123,131 +147,155 @@ class Scheduler:
         self.waiting.append(req)
 
     def abort(self, msg: AbortReq) -> None:
-        victims = [r for r in [*self.waiting, *self.running] if msg.abort_all or r.rid == msg.rid]
-        for req in victims:
-            if req in self.running:
-                self.running.remove(req)
-            else:
-                self.waiting.remove(req)
+        for req in [r for r in self.waiting if msg.abort_all or r.rid == msg.rid]:
+            self.waiting.remove(req)
             self._finish(req, {"type": "abort", "message": msg.message})
+        for req in [r for r in self.running.values() if msg.abort_all or r.rid == msg.rid]:
+            self._finish(req, {"type": "abort", "message": msg.message})
+
+    def preempt(self, rid: str) -> bool:
+        """Take a running request's blocks off the device (it keeps its slot and pages); they
+        come back in the worker's report and wait in `held` until `resume`. False if no such
+        running request."""
+        req = next((r for r in self.running.values() if r.rid == rid and r.on_device), None)
+        if req is None:
+            return False
+        req.on_device = False
+        self.to_worker.append(Preempt(req.uid))
+        return True
+
+    def resume(self, rid: str) -> bool:
+        """Send a held request's blocks back to the device."""
+        req = next((r for r in self.held.values() if r.rid == rid), None)
+        if req is None:
+            return False
+        del self.held[req.uid]
+        self._send_blocks(req)
+        return True
 
     def _reject(self, req: Req, status: int, message: str) -> None:
         self._finish(req, {"type": "abort", "message": message, "status_code": status})
 
-    # ---- scheduling -----------------------------------------------------------------------
-
-    def schedule(self) -> Work | None:
-        self._admit()
-        prefill = [r for r in self.running if r.needs_prefill]
-        if prefill:
-            return self._prefill_work(prefill)
-        if self.running:
-            return self._denoise_work(list(self.running))
-        return None
+    # ---- admission --------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        new = []
         while self.waiting and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
             if not self.alloc.can_admit(req.max_end):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             self.waiting.popleft()
             req.holding = self.alloc.admit(req.max_end)
-            self.running.append(req)
+            req.uid = next(self.uids)
+            self.running[req.uid] = req
+            self._map(req, req.prefill_end + self.config.mapped_blocks * self.config.block_size)
+            new.append(req)
+        if not new:
+            return
+        self._prefill([r for r in new if r.needs_prefill])
+        for req in new:
+            if req.params.max_new_tokens == 0:  # prefill only (SGLang): nothing to generate
+                self._finish(req, {"type": "length", "length": 0})
+            else:
+                self._send_blocks(req)
 
-    def _prefill_work(self, reqs: list[Req]) -> PrefillWork:
+    def _prefill(self, reqs: list[Req]) -> None:
+        """Prefill forwards of at most chunked_prefill_size tokens (whole blocks) each."""
         k = self.config.block_size
         budget = max(k, self.config.chunked_prefill_size // k * k)
-        work = PrefillWork([], [], [], [])
-        self.inflight = []
+        work, left = Prefill([], [], []), budget
         for req in reqs:
-            end = min(req.prefill_end, req.committed_len + budget)
-            if end <= req.committed_len:
-                break
-            self.inflight.append(req)
-            self._add_row(work, req, end)
-            work.seg_starts.append(req.committed_len)
-            work.token_ids.append(req.input_ids[req.committed_len:end].astype(np.int64))
-            budget -= end - req.committed_len
-        return work
+            while req.needs_prefill:
+                if left == 0:
+                    self._send_prefill(work)
+                    work, left = Prefill([], [], []), budget
+                end = min(req.prefill_end, req.committed_len + left)
+                assert req.holding is not None and req.holding.slot is not None
+                work.slots.append(req.holding.slot)
+                work.seg_starts.append(req.committed_len)
+                work.token_ids.append(req.input_ids[req.committed_len:end].astype(np.int64))
+                left -= end - req.committed_len
+                req.committed_len = end
+                req.forward_steps += 1
+                req.prefill_forwards += 1
+        if work.slots:
+            self._send_prefill(work)
 
-    def _denoise_work(self, reqs: list[Req]) -> DenoiseWork:
-        blocks = [r.current_blocks(self.config.mask_id) for r in reqs]
-        work = DenoiseWork(
-            req_slots=[], pages=[], first_starts=[r.block_start for r in reqs],
-            num_blocks=[len(b) for b in blocks],
-            limits=[r.window_end(self.config.wavefront_size) for r in reqs],
-            block_ids=np.concatenate(blocks),
-            states=[s for r, b in zip(reqs, blocks, strict=True)
-                    for s in (r.dllm_algo_state or [None] * len(b))],
-            block_steps=np.array([s for r, b in zip(reqs, blocks, strict=True)
-                                  for s in (r.block_steps or [0] * len(b))], dtype=np.int64),
-            temperatures=[r.params.temperature for r in reqs],
-            top_ps=[r.params.top_p for r in reqs], seeds=[r.seed for r in reqs],
-            params=[r.params.dllm for r in reqs], top_ks=[r.params.top_k for r in reqs],
-            min_ps=[r.params.min_p for r in reqs])
-        self.inflight = reqs
-        for req, limit in zip(reqs, work.limits, strict=True):
-            self._add_row(work, req, limit)
-        return work
-
-    def _add_row(self, work: PrefillWork | DenoiseWork, req: Req, end: int) -> None:
-        assert req.holding is not None and req.holding.slot is not None
-        self.alloc.ensure(req.holding, end)
-        work.req_slots.append(req.holding.slot)
-        work.pages.append(self.alloc.page_array(req.holding))
-
-    # ---- results --------------------------------------------------------------------------
-
-    def process(self, work: Work, result: Result) -> None:
-        self.stats["rounds"] += 1
-        if isinstance(work, PrefillWork):
-            assert isinstance(result, PrefillDone)
-            return self._process_prefill(work)
-        assert isinstance(result, RoundResult)
-        self._count(result)
-        first = 0
-        for b, req in enumerate(self.inflight):
-            n, retired = result.num_blocks[b], int(result.retired[b])
-            req.forward_steps += result.forwards
-            req.denoise_steps += result.forwards
-            self._retire(req, result, first, retired)
-            if not req.finished:
-                self._carry(req, result, first + retired, first + n)
-            first += n
-
-    def _retire(self, req: Req, result: RoundResult, first: int, count: int) -> None:
-        """Commit the request's leading `count` blocks, in order, until it finishes."""
-        for row in range(first, first + count):
-            req.block_forwards.append(int(result.done_steps[row]))
-            req.block_edits.append(int(result.block_edits[row]))
-            self._commit(req, result.block_ids[row])
-            if req.finished:
-                return
-
-    def _carry(self, req: Req, result: RoundResult, lo: int, hi: int) -> None:
-        """Keep blocks [lo, hi) of the result as the request's unfinished blocks (in place)."""
-        if lo == hi:
-            req.dllm_incomplete_ids, req.dllm_algo_state, req.block_steps = None, None, []
-            return
-        req.dllm_incomplete_ids = result.block_ids[lo:hi].copy()
-        req.dllm_algo_state = result.states[lo:hi]
-        req.block_steps = result.block_steps[lo:hi].tolist()
-
-    def _process_prefill(self, work: PrefillWork) -> None:
+    def _send_prefill(self, work: Prefill) -> None:
+        self.to_worker.append(work)
         self.stats["prefill_rounds"] += 1
+        self.stats["rounds"] += 1
         self.stats["forwards"] += 1
-        for req, ids in zip(self.inflight, work.token_ids, strict=True):
-            req.committed_len += len(ids)
-            req.forward_steps += 1
 
-    def _count(self, result: RoundResult) -> None:
-        rows = len(result.num_blocks)
-        self.stats["forwards"] += result.forwards
-        self.stats["inplace_reloops"] += result.forwards - 1
-        self.stats["request_steps"] += rows * result.forwards
-        done = result.done_steps > 0
-        wasted = np.where(done, result.block_steps - result.done_steps, 0)
-        self.stats["wasted_request_steps"] += int(wasted.sum())
+    def _send_blocks(self, req: Req) -> None:
+        """Admit the request's unfinished blocks (or its first block) to the device."""
+        assert req.holding is not None and req.holding.slot is not None
+        blocks = req.current_blocks(self.config.mask_id)
+        self.to_worker.append(Admit(
+            req.uid, req.holding.slot, req.block_start, blocks,
+            req.dllm_algo_state or [None] * len(blocks), req.block_steps or [0] * len(blocks),
+            self._settings(req)))
+        req.dllm_incomplete_ids, req.dllm_algo_state, req.block_steps = None, None, []
+        req.on_device = True
+
+    def _settings(self, req: Req) -> ReqSettings:
+        p = req.params
+        stop = set(p.stop_token_ids) | (set() if p.ignore_eos else self.finish.eos_ids)
+        if p.min_new_tokens:  # an early stop token does not end it: the finish check decides
+            stop = set()
+        return ReqSettings(req.prompt_len, req.max_end, p.temperature, p.top_p, req.seed,
+                           dict(p.dllm), np.array(sorted(stop), dtype=np.int64),
+                           top_k=p.top_k, min_p=p.min_p)
+
+    def _map(self, req: Req, end: int) -> None:
+        """Map the request's pages up to min(end, max_end) on the worker (new pages only)."""
+        assert req.holding is not None
+        first = len(req.holding.pages)
+        if self.alloc.ensure(req.holding, min(end, req.max_end)):
+            pages = np.asarray(req.holding.pages[first:], dtype=np.int64)
+            assert req.holding.slot is not None
+            self.to_worker.append(AddPages(req.holding.slot, first, pages))
+
+    # ---- results ----------------------------------------------------------------------------
+
+    def _retired(self, r: Retired) -> None:
+        for i in range(len(r)):
+            req = self.running.get(int(r.uids[i]))
+            if req is None:
+                continue  # finished meanwhile (stop string, abort): a late report
+            if int(r.starts[i]) != req.committed_len:
+                raise RuntimeError(f"worker retired block {int(r.starts[i])} of {req.rid!r}, "
+                                   f"expected {req.committed_len}")
+            req.block_forwards.append(int(r.forwards[i]))
+            req.block_edits.append(int(r.edits[i]))
+            req.denoise_steps = int(r.req_forwards[i])
+            req.forward_steps = req.prefill_forwards + req.denoise_steps
+            self._commit(req, r.ids[i])
+            if not req.finished:
+                self._map(req, req.committed_len + self.config.mapped_blocks
+                          * self.config.block_size)
+
+    def _preempted(self, pre: Preempted) -> None:
+        req = self.running.get(pre.uid)
+        if req is None:
+            return
+        if pre.first_start != req.committed_len:
+            raise RuntimeError(f"preempted {req.rid!r} at {pre.first_start}, expected "
+                               f"{req.committed_len}")
+        if len(pre.blocks):
+            req.dllm_incomplete_ids = pre.blocks
+            req.dllm_algo_state = pre.states
+            req.block_steps = list(pre.block_steps)
+        req.denoise_steps = pre.req_forwards
+        self.held[req.uid] = req
+
+    def _count(self, rep: WorkerReport) -> None:
+        s = self.stats
+        s["rounds"] += rep.rounds
+        s["forwards"] += rep.forwards
+        s["inplace_reloops"] += rep.forwards - rep.rounds
+        s["request_steps"] += rep.block_steps
+        s["wasted_request_steps"] += rep.idle_block_steps
 
     def _commit(self, req: Req, block: np.ndarray) -> None:
         new = self.finish.commit(req, req.generated_part(block))
@@ -255,7 +303,6 @@ class Scheduler:
         req.blocks += 1
         self.stats["committed_blocks"] += 1
         if req.finished:
-            self.running.remove(req)
             self._release(req)
         self.outbox.append(self._output(req, new))
 
@@ -265,8 +312,12 @@ class Scheduler:
         self.outbox.append(self._output(req, np.zeros(0, dtype=np.int64)))
 
     def _release(self, req: Req) -> None:
+        """Free what the request holds and tell the worker to drop it (if it was admitted)."""
         if req.holding is not None:
             self.alloc.release(req.holding)
+        if self.running.pop(req.uid, None) is not None:
+            self.held.pop(req.uid, None)
+            self.to_worker.append(Release(req.uid))
 
     def _output(self, req: Req, new: np.ndarray) -> ReqOutput:
         return ReqOutput(
@@ -280,7 +331,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """free + used == total for pages and slots; nothing owned twice; raises if not."""
-        self.alloc.check([r.holding for r in self.running if r.holding is not None])
+        self.alloc.check([r.holding for r in self.running.values() if r.holding is not None])
 
     def server_info(self) -> dict[str, Any]:
         s = self.alloc.stats()

@@ -1,7 +1,12 @@
-"""The scheduler process: wait for the worker, then recv -> schedule -> run -> send, forever."""
+"""The scheduler process: wait for the worker, then loop without ever blocking on it.
+
+    loop: recv (front and worker) -> handle requests / reports -> admit -> send changes to
+          the worker and outputs to the front
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -10,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from dllm_serve.dllm.config import DllmConfig, arch_defaults
+from dllm_serve.engine_config import SchedulerProcConfig
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import (
@@ -19,76 +24,72 @@ from dllm_serve.managers.messages import (
     Ready,
     ReqOutput,
     Shutdown,
+    WorkerBatch,
     WorkerFailed,
     WorkerReady,
+    WorkerReport,
 )
 from dllm_serve.managers.procs import die_with_parent, setup_logging
-from dllm_serve.managers.scheduler import Result, Scheduler, SchedulerConfig, Work
-from dllm_serve.model.config import ModelConfig
-from dllm_serve.server_args import ServerArgs
+from dllm_serve.managers.scheduler import Scheduler
 from dllm_serve.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 STRICT_MEM_CHECK = os.environ.get("DLLM_SERVE_STRICT_MEM_CHECK", "0") == "1"
+IDLE_WAIT_MS = 200
+BUSY_WAIT_MS = 20
 
 
 class WorkerCrashed(RuntimeError):
     pass
 
 
-class WorkerClient:
-    """The scheduler's handle on the worker process: send work, wait for its result."""
-
-    def __init__(self, ctx: zmq.Context, addrs: Addresses) -> None:
-        self.tx = Sender(ctx, addrs.to_worker)
-        self.rx = Receiver(ctx, addrs.from_worker)
-
-    def recv(self) -> Any:
-        msg = self.rx.recv()
-        if isinstance(msg, WorkerFailed):
-            raise WorkerCrashed(f"worker failed:\n{msg.message}")
-        return msg
-
-    def run(self, work: Work) -> Result:
-        self.tx.send(work)
-        return self.recv()
-
-
-def run_scheduler_process(args: ServerArgs, addrs: Addresses) -> None:
-    setup_logging(args.log_level)
+def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
+    setup_logging(cfg.log_level)
     die_with_parent()
     ctx = zmq.Context()
     front_in, front_out = Receiver(ctx, addrs.to_scheduler), Sender(ctx, addrs.to_front)
-    worker = WorkerClient(ctx, addrs)
+    worker_in, worker_out = Receiver(ctx, addrs.from_worker), Sender(ctx, addrs.to_worker)
     try:
-        scheduler = build_scheduler(args, worker, worker.recv())
+        scheduler = build_scheduler(cfg, check_worker(worker_in.recv()))
         front_out.send(Ready(scheduler.server_info()))
-        event_loop(scheduler, front_in, front_out)
-        worker.tx.send(Shutdown())
+        event_loop(scheduler, front_in, worker_in, front_out, worker_out)
+        worker_out.send(Shutdown())
     except Exception:
         logger.exception("scheduler failed")
         front_out.send(Fatal(traceback.format_exc()))
         sys.exit(1)
 
 
-def event_loop(scheduler: Scheduler, front_in: Receiver, front_out: Sender) -> None:
+def event_loop(scheduler: Scheduler, front_in: Receiver, worker_in: Receiver,
+               front_out: Sender, worker_out: Sender) -> None:
+    poller = zmq.Poller()
+    poller.register(front_in.sock, zmq.POLLIN)
+    poller.register(worker_in.sock, zmq.POLLIN)
     was_idle = False
     while True:
-        for msg in receive(front_in, wait_ms=200 if scheduler.idle else 0):
+        poller.poll(IDLE_WAIT_MS if scheduler.idle else BUSY_WAIT_MS)
+        for msg in front_in.drain():
             if isinstance(msg, Shutdown):
                 return
             scheduler.handle(msg)
-        scheduler.step()
+        for msg in worker_in.drain():
+            scheduler.on_report(check_worker(msg))
+        scheduler.schedule()
+        if items := scheduler.take_worker_items():
+            worker_out.send(WorkerBatch(items))
         send_outputs(front_out, scheduler.take_outputs())
         if scheduler.idle and not was_idle:
             idle_check(scheduler)
         was_idle = scheduler.idle
 
 
-def receive(rx: Receiver, wait_ms: int) -> list[Any]:
-    first = rx.recv(timeout_ms=wait_ms)
-    return [] if first is None else [first, *rx.drain()]
+def check_worker(msg: Any) -> Any:
+    if isinstance(msg, WorkerFailed):
+        raise WorkerCrashed(f"worker failed:\n{msg.message}")
+    if not isinstance(msg, WorkerReady | WorkerReport):
+        raise TypeError(f"scheduler got an unexpected worker message {type(msg).__name__}")
+    return msg
 
 
 def send_outputs(tx: Sender, outputs: list[Any]) -> None:
@@ -109,26 +110,8 @@ def idle_check(scheduler: Scheduler) -> None:
             raise
 
 
-def build_scheduler(args: ServerArgs, worker: WorkerClient, ready: WorkerReady) -> Scheduler:
-    model_config = ModelConfig.load(args.model_path)  # type: ignore[arg-type]
-    dllm = DllmConfig.build(model_config, args.dllm_algorithm, args.dllm_algorithm_config,
-                            args.dllm_fdfo)
-    tokenizer = Tokenizer.load(args.tokenizer_path or args.model_path)
-    config = SchedulerConfig(
-        block_size=dllm.block_size, mask_id=dllm.mask_id, fdfo=dllm.fdfo,
-        max_running_requests=args.max_running_requests,
-        max_queued_requests=args.max_queued_requests,
-        chunked_prefill_size=args.chunked_prefill_size, num_pages=ready.num_pages,
-        page_size=ready.page_size, random_seed=args.random_seed,
-        wavefront_size=args.dllm_wavefront_size)
-    eos = stop_token_ids(model_config, tokenizer)
-    return Scheduler(config, worker, FinishChecker(eos, tokenizer.decode))
-
-
-def stop_token_ids(model_config: ModelConfig, tokenizer: Tokenizer) -> set[int]:
-    """EOS ids: config.json / generation_config.json, else the architecture's; plus the
-    tokenizer's end-of-turn tokens."""
-    ids = set(model_config.eos_token_ids())
-    if not ids:
-        ids.add(arch_defaults(model_config.architecture).eos_id)
-    return ids | set(tokenizer.extra_stop_token_ids)
+def build_scheduler(cfg: SchedulerProcConfig, ready: WorkerReady) -> Scheduler:
+    config = dataclasses.replace(cfg.scheduler, num_pages=ready.num_pages,
+                                 page_size=ready.page_size)
+    tokenizer = Tokenizer.load(cfg.tokenizer_path)
+    return Scheduler(config, FinishChecker(set(cfg.eos_ids), tokenizer.decode))

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from dllm_serve.default_model import resolve_model_path
 from dllm_serve.dllm.algorithms import algorithm_class
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.detokenizer import IncrementalDetokenizer
 from dllm_serve.managers.ipc import Sender
@@ -38,7 +40,6 @@ from dllm_serve.managers.messages import (
     ReqOutput,
     Shutdown,
 )
-from dllm_serve.model.config import ModelConfig
 from dllm_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingParams
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tokenizer import Tokenizer
@@ -72,13 +73,15 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, args: ServerArgs) -> None:
-        self.args = args
-        self.model_config = ModelConfig.load(args.model_path)  # type: ignore[arg-type]
-        self.tokenizer = Tokenizer.load(args.tokenizer_path or args.model_path)
+        self.tokenizer = Tokenizer.load(args.tokenizer_path or resolve_model_path(
+            args.model_path))
+        self.config = EngineConfig.resolve(args, self.tokenizer.extra_stop_token_ids)
+        self.args = self.config.args
+        self.model_config = self.config.model
         self.algorithm = algorithm_class(args.dllm_algorithm)
-        self.context_length = self.model_config.context_length(args.context_length)
+        self.context_length = self.config.context_length
         self.ctx = zmq.Context()
-        self.procs, self.rx, self.ready_info = launch(args, self.ctx)
+        self.procs, self.rx, self.ready_info = launch(self.config, self.ctx)
         self.tx = Sender(self.ctx, self.procs.addrs.to_scheduler)
         self.tx_lock = threading.Lock()
         self.states: dict[str, ReqState] = {}

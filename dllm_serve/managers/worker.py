@@ -1,100 +1,317 @@
-"""The worker: owns the device (model runner) and runs one round of work at a time.
+"""The worker: owns the device and runs one forward loop that never waits for the scheduler.
 
-A denoise round hands the algorithm the round's blocks and a `forward` over them; the
-algorithm's base class runs the execution mode (sync / FDFO, wavefront), re-looping in place
-until blocks can retire. The forward (a CUDA graph replay or an eager ForwardBatch, see
-ModelRunner.denoise_forward) is prepared again only when the layout changes (a block opens).
-Carried algorithm state travels as numpy per block; blocks that start now get a fresh state
-from `init_step_state`.
+    loop: take changes -> launch forward k + step -> read step k-1 back -> retire / open
+          blocks -> report what finished -> go on
+
+The running batch lives on the device (`ResidentBatch`); the scheduler sends only changes
+(pages, prefill, admissions, releases, preemptions) and receives only results (retired blocks,
+preempted or failed requests). Forward k + 1 is launched before step k's readout is read, so
+the device always has the next forward queued while the host does its bookkeeping. What the
+host learns from step k is which blocks converged: their final forward is k + 1, already
+queued, so they retire right after it and their places (the request's next block, a new
+request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
+requests join (dllm/modes.py).
+
+A failure inside one request (non-finite logits, no convergence within the algorithm's step
+bound, an exception in its step) fails that request alone; anything else (a CUDA error, a bug)
+propagates and stops the worker.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from dllm_serve.dllm.algorithms import DenoiseBatch, DllmAlgorithm, RoundMode
-from dllm_serve.dllm.algorithms.base import RowState, State
-from dllm_serve.managers.messages import DenoiseWork, PrefillDone, PrefillWork, RoundResult
-from dllm_serve.model.runner import ModelRunner
+from dllm_serve.dllm.algorithms.base import DllmAlgorithm
+from dllm_serve.dllm.denoise_step import FLAGS, StepSpec, denoise_step
+from dllm_serve.dllm.modes import RoundMode, plan
+from dllm_serve.managers.messages import (
+    AddPages,
+    Admit,
+    Failed,
+    Preempt,
+    Preempted,
+    Prefill,
+    Release,
+    Retired,
+    WorkerReport,
+    WorkItem,
+)
+from dllm_serve.managers.readback import Pending, Readback
+from dllm_serve.managers.resident_batch import Block, DeviceReq, Layout, ResidentBatch
+from dllm_serve.managers.round_trace import Tracer
+from dllm_serve.model.runner import Forward, ModelRunner
 
 logger = logging.getLogger(__name__)
 
+REPORT_EVERY_S = 0.02  # counters reach the scheduler at least this often while busy
+CONVERGED, READY, BAD, EDITS = (FLAGS.index(f) for f in ("converged", "ready", "bad", "edits"))
+
+
+@dataclass
+class Launch:
+    """A forward + step in flight: its layout, each row's step count, its readout."""
+
+    layout: Layout
+    steps: list[int]
+    readout: Pending
+    failed: list[DeviceReq]
+
+
+@dataclass
+class Report:
+    """Results gathered since the last report (see WorkerReport)."""
+
+    retired: list[tuple[DeviceReq, Block]] = field(default_factory=list)
+    msg: WorkerReport = field(default_factory=WorkerReport)
+
 
 class Worker:
-    def __init__(self, runner: ModelRunner, algorithm: DllmAlgorithm, mode: RoundMode) -> None:
-        self.runner = runner
-        self.algo = algorithm
-        self.mode = mode
+    def __init__(self, runner: ModelRunner, algo: DllmAlgorithm, mode: RoundMode,
+                 tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S) -> None:
+        self.runner, self.algo, self.mode = runner, algo, mode
+        self.k = runner.block_size
+        self.batch = ResidentBatch(algo, runner.device, self.k)
+        tau = mode.wavefront.token_threshold
+        self.spec = StepSpec(mode.wavefront.size > 1,
+                             algo.readiness_threshold() if tau is None else tau,
+                             mode.wavefront.spawn_threshold)
+        self.readback = Readback(runner.device)
+        self.tracer = tracer
+        self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
+        self.waiting: list[DeviceReq] = []  # sync: admitted, joining at the next boundary
+        self.inflight: Launch | None = None
+        self.forward: Forward | None = None
+        self.prepared: Layout | None = None
+        self.report = Report()
+        self.report_every_s = report_every_s
+        self.last_report = time.monotonic()
+        self.boundary = True  # sync: the last collect retired the whole batch
+        self.wait_s = 0.0  # time spent waiting for the device's readouts (for the trace)
+        self.max_steps = algo.max_steps(self.k)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing on the device and nothing in flight: wait for the scheduler."""
+        return self.batch.num_rows == 0 and self.inflight is None and not self.waiting
+
+    # ---- one iteration ------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, work: PrefillWork | DenoiseWork) -> PrefillDone | RoundResult:
-        if isinstance(work, PrefillWork):
-            self.runner.forward(self.runner.prefill_batch(work))
-            return PrefillDone()
-        return self.denoise(work)
+    def iterate(self, items: list[WorkItem]) -> WorkerReport | None:
+        """Apply the scheduler's changes, launch the next forward, read the previous one
+        back; returns a report when there is one to send."""
+        for item in items:
+            self.apply(item)
+        self.join()
+        launched = self.launch() if self.batch.num_rows else None
+        if self.inflight is not None:
+            self.collect(self.inflight)
+        self.inflight = launched
+        self.join()
+        return self.take_report()
 
-    def denoise(self, work: DenoiseWork) -> RoundResult:
-        batch = self._batch(work)
-        state = collate_states(self.algo, batch.block_ids, work.states)
-        self.runner.set_pages(work.req_slots, work.pages)
-        cached: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
+    # ---- changes from the scheduler -----------------------------------------------------
 
-        def forward(b: DenoiseBatch) -> torch.Tensor:
-            if not cached or cached[0][0] is not b.block_ids:
-                cached[:] = [(b.block_ids, self.runner.denoise_forward(work.req_slots, b))]
-            return cached[0][1]()
+    def apply(self, item: WorkItem) -> None:
+        if isinstance(item, AddPages):
+            self.runner.add_pages(item.slot, item.first, item.pages)
+            base = 0 if item.first == 0 else self.mapped.get(item.slot, 0)
+            end = (item.first + len(item.pages)) * self.runner.page_size
+            self.mapped[item.slot] = max(base, end)
+        elif isinstance(item, Prefill):
+            self._trace("prefill", lambda: self.runner.prefill(item.slots, item.seg_starts,
+                                                               item.token_ids))
+            self.report.msg.prefills += 1
+        elif isinstance(item, Admit):
+            self.admit(item)
+        elif isinstance(item, Release):
+            self.release(item.uid)
+        elif isinstance(item, Preempt):
+            self.preempt(item.uid)
+        else:
+            raise TypeError(f"worker got an unexpected item {type(item).__name__}")
 
-        out = self.algo.run(forward, batch, state, self.mode)
-        retired = np.zeros(out.batch.size, dtype=bool)
-        for b, (n, r) in enumerate(zip(out.batch.num_blocks, out.retired, strict=True)):
-            first = sum(out.batch.num_blocks[:b])
-            retired[first:first + min(r, n)] = True
-        edits = self.algo.edits(out.state) if out.state is not None else None
-        return RoundResult(
-            block_ids=out.batch.block_ids.cpu().numpy(), num_blocks=out.batch.num_blocks,
-            retired=out.retired, states=split_states(out.state, retired),
-            block_steps=out.batch.block_steps, done_steps=out.done_steps,
-            forwards=out.forwards,
-            block_edits=(np.zeros(out.batch.size, dtype=np.int64) if edits is None
-                         else edits.cpu().numpy()))
+    def admit(self, msg: Admit) -> None:
+        n = len(msg.blocks)
+        blocks = [Block(msg.first_start + i * self.k, init_ids=msg.blocks[i].copy(),
+                        init_state=msg.states[i], steps=msg.block_steps[i]) for i in range(n)]
+        self.waiting.append(DeviceReq(msg.uid, msg.slot, msg.settings,
+                                      msg.first_start + n * self.k, blocks))
 
-    def _batch(self, work: DenoiseWork) -> DenoiseBatch:
-        device = self.runner.device
-        return DenoiseBatch(
-            block_ids=torch.from_numpy(work.block_ids).to(device), num_blocks=work.num_blocks,
-            first_starts=work.first_starts, limits=work.limits, temperatures=work.temperatures,
-            top_ps=work.top_ps, seeds=work.seeds, params=self._params(work),
-            block_steps=work.block_steps.copy(), top_ks=work.top_ks, min_ps=work.min_ps)
+    def _find(self, uid: int) -> DeviceReq | None:
+        return self.batch.reqs.get(uid) or next((r for r in self.waiting if r.uid == uid), None)
 
-    def _params(self, work: DenoiseWork) -> dict[str, torch.Tensor]:
-        """Per-request values (B,) of the settings any request overrides."""
-        names = sorted({name for p in work.params for name in p})
-        cfg = self.algo.config
-        return {name: torch.tensor([p.get(name, getattr(cfg, name)) for p in work.params],
-                                   dtype=torch.float32, device=self.runner.device)
-                for name in names}
+    def release(self, uid: int) -> None:
+        req = self._find(uid)
+        if req is not None:
+            self._remove(req)
+
+    def preempt(self, uid: int) -> None:
+        req = self._find(uid)
+        if req is None:
+            return
+        ids, states = (self.batch.host_rows(req) if req.blocks
+                       else (np.zeros((0, self.k), np.int64), []))
+        self.report.msg.preempted.append(Preempted(
+            uid, req.first_start, ids, states, [b.steps for b in req.blocks], req.forwards))
+        self._remove(req)
+
+    def _remove(self, req: DeviceReq) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.alive = False
+        else:
+            self.batch.drop(req)
+
+    def fail(self, req: DeviceReq, message: str) -> None:
+        if req.alive:
+            logger.error("request uid %d failed: %s", req.uid, message)
+            self.report.msg.failed.append(Failed(req.uid, message))
+            self._remove(req)
+
+    # ---- the device -----------------------------------------------------------------------
+
+    def launch(self) -> Launch:
+        """Queue forward + step over the current layout; nothing waits for the device."""
+        layout = self.batch.layout()
+        if layout is not self.prepared:
+            b = layout.batch
+            self.forward = self.runner.denoise_forward(
+                [r.slot for r in layout.reqs], b.first_starts, b.num_blocks, b.block_ids)
+            self.prepared = layout
+        assert self.forward is not None
+        forward = self.forward
+        readout, failed = self._trace("denoise", lambda: denoise_step(
+            self.algo, layout.batch, forward(), layout.state, self.spec), len(layout.rows))
+        self._count(layout)
+        return Launch(layout, [b.steps for b in layout.rows], self.readback.start(readout),
+                      [layout.reqs[i] for i in failed])
+
+    def _count(self, layout: Layout) -> None:
+        msg = self.report.msg
+        msg.forwards += 1
+        msg.block_steps += len(layout.rows)
+        for block in layout.rows:
+            msg.idle_block_steps += int(0 < block.final_step <= block.steps)
+            block.steps += 1
+        layout.batch.block_steps += 1
+        for req in layout.reqs:
+            req.forwards += 1
+
+    # ---- results --------------------------------------------------------------------------
+
+    def collect(self, launch: Launch) -> None:
+        """Read step k back: refresh each block's flags, fail what must fail, then retire and
+        open blocks as the mode says."""
+        t0 = time.monotonic()
+        data = launch.readout.get()
+        self.wait_s += time.monotonic() - t0
+        for req in launch.failed:
+            self.fail(req, "the decoding algorithm raised an error while stepping this request")
+        rows, owners = launch.layout.rows, launch.layout.owners
+        for i, block in enumerate(rows):
+            if block.alive:
+                self._refresh(block, owners[i], data[i], launch.steps[i])
+        self._advance()
+
+    def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
+        k = self.k
+        block.ids = row[:k].copy()
+        block.converged = bool(row[k + CONVERGED])
+        block.ready = bool(row[k + READY])
+        block.edits = int(row[k + EDITS])
+        block.final_step = steps + 1 if block.converged else 0
+        if row[k + BAD]:
+            self.fail(req, "the model produced non-finite logits for this request")
+        elif not block.converged and steps >= self.max_steps:
+            self.fail(req, f"a block did not converge within {self.max_steps} steps")
+
+    def _advance(self) -> None:
+        active = [r for r in self.batch.reqs.values() if r.blocks]
+        leading = np.array([_leading(r.blocks) for r in active], dtype=np.int64)
+        p = plan(self.mode, leading, np.array([len(r.blocks) for r in active], dtype=np.int64),
+                 np.array([r.blocks[-1].ready for r in active], dtype=bool),
+                 np.array([self._can_open(r) for r in active], dtype=bool))
+        if p.retire.any():
+            self.report.msg.rounds += 1
+        for req, count, opens in zip(active, p.retire.tolist(), p.open.tolist(), strict=True):
+            if count and not self._retire(req, count):
+                continue
+            if opens:
+                self.batch.open_block(req)
+        self.boundary = p.boundary or not active
+
+    def _retire(self, req: DeviceReq, count: int) -> bool:
+        """Retire and report the request's leading blocks; False if it is over (a stop token
+        or max_end: the worker forgets it, the scheduler finishes it on the report)."""
+        for block in self.batch.retire(req, count):
+            self.report.retired.append((req, block))
+            if self._stops(req, block):
+                self.batch.drop(req)
+                return False
+        if not req.blocks and req.next_start >= req.settings.max_end:
+            self.batch.drop(req)
+            return False
+        return True
+
+    def _stops(self, req: DeviceReq, block: Block) -> bool:
+        s = req.settings
+        gen = block.ids[max(0, s.prompt_len - block.start):] if block.ids is not None else []
+        return block.start + self.k >= s.max_end or bool(np.isin(gen, s.stop_ids).any())
+
+    def _can_open(self, req: DeviceReq) -> bool:
+        end = req.next_start + self.k
+        return end <= req.settings.max_end and end <= self.mapped.get(req.slot, 0)
+
+    def join(self) -> None:
+        """Admitted requests join, and requests without a block (pages were missing) open
+        one: at once with FDFO; with sync at a batch boundary or when the batch is empty."""
+        if not (self.mode.fdfo or self.boundary or self.batch.num_rows == 0):
+            return
+        for req in self.waiting:
+            self.batch.add(req)
+        self.waiting = []
+        for req in list(self.batch.reqs.values()):
+            if not req.blocks and self._can_open(req):
+                self.batch.open_block(req)
+        self.boundary = False
+
+    # ---- reports ------------------------------------------------------------------------
+
+    def take_report(self, force: bool = False) -> WorkerReport | None:
+        rep, msg = self.report, self.report.msg
+        now = time.monotonic()
+        if not (rep.retired or msg.has_results or force
+                or (msg.forwards and now - self.last_report >= self.report_every_s)
+                or (self.idle and (msg.forwards or msg.prefills))):
+            return None
+        if rep.retired:
+            msg.retired = _retired(rep.retired, self.k)
+        self.report, self.last_report = Report(), now
+        return msg
+
+    def _trace(self, kind: str, fn, rows: int = 0):  # type: ignore[no-untyped-def]
+        return fn() if self.tracer is None else self.tracer.run(kind, fn, rows)
 
 
-def collate_states(algo: DllmAlgorithm, block_ids: torch.Tensor,
-                   rows: list[RowState | None]) -> State | None:
-    """Batched state: fresh for blocks that start now, carried values for the rest."""
-    state = algo.init_step_state(block_ids)
-    if state is None:
-        return None
-    for i, row in enumerate(rows):
-        if row is not None:
-            for key, value in row.items():
-                state[key][i] = torch.as_tensor(value, device=block_ids.device)
-    return state
+def _leading(blocks: list[Block]) -> int:
+    """Converged blocks at the start of a window."""
+    n = 0
+    while n < len(blocks) and blocks[n].converged:
+        n += 1
+    return n
 
 
-def split_states(state: State | None, drop: np.ndarray) -> list[RowState | None]:
-    """Per-block numpy state for the blocks that stay; None where drop[i] (retired)."""
-    if state is None:
-        return [None] * len(drop)
-    host = {key: value.cpu().numpy() for key, value in state.items()}
-    return [None if d else {k: np.array(v[i]) for k, v in host.items()} for i, d in enumerate(drop)]
+def _retired(items: list[tuple[DeviceReq, Block]], k: int) -> Retired:
+    return Retired(
+        uids=np.array([r.uid for r, _ in items], dtype=np.int64),
+        starts=np.array([b.start for _, b in items], dtype=np.int64),
+        ids=np.stack([b.ids for _, b in items]).astype(np.int64),
+        forwards=np.array([b.final_step for _, b in items], dtype=np.int64),
+        edits=np.array([b.edits for _, b in items], dtype=np.int64),
+        req_forwards=np.array([r.forwards for r, _ in items], dtype=np.int64))

@@ -1,53 +1,77 @@
-"""The worker process: load the model, report the KV capacity, then run work until told to stop."""
+"""The worker process: load the model, report the KV capacity, then run the forward loop.
+
+    loop: take the scheduler's changes (waiting only when the device has nothing) -> one
+          iteration (launch, read back, retire / open) -> send the report, if any
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 import traceback
 
 import zmq
 
-from dllm_serve.dllm.algorithms import RoundMode, build_algorithm
-from dllm_serve.dllm.config import DllmConfig
-from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.dllm.algorithms import build_algorithm
+from dllm_serve.engine_config import WorkerConfig
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
-from dllm_serve.managers.messages import Shutdown, WorkerFailed, WorkerReady
+from dllm_serve.managers.messages import Shutdown, WorkerBatch, WorkerFailed, WorkerReady, WorkItem
 from dllm_serve.managers.procs import die_with_parent, setup_logging
-from dllm_serve.managers.round_trace import traced
+from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.worker import Worker
-from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.runner import ModelRunner
-from dllm_serve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 
-def run_worker_process(args: ServerArgs, addrs: Addresses) -> None:
-    setup_logging(args.log_level)
+def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
+    setup_logging(cfg.log_level)
     die_with_parent()
     ctx = zmq.Context()
     rx, tx = Receiver(ctx, addrs.to_worker), Sender(ctx, addrs.from_worker)
     try:
-        worker = build_worker(args)
-        run = traced(worker.run, worker.runner)  # timed when DLLM_SERVE_ROUND_TRACE is set
+        worker = build_worker(cfg)
         tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size))
-        while not isinstance(work := rx.recv(), Shutdown):
-            tx.send(run(work))
+        loop(worker, rx, tx)
     except Exception:
         logger.exception("worker failed")
         tx.send(WorkerFailed(traceback.format_exc()))
         sys.exit(1)
 
 
-def build_worker(args: ServerArgs) -> Worker:
-    model_config = ModelConfig.load(args.model_path)  # type: ignore[arg-type]
-    dllm = DllmConfig.build(model_config, args.dllm_algorithm, args.dllm_algorithm_config,
-                            args.dllm_fdfo)
-    return Worker(ModelRunner(model_config, dllm, args), build_algorithm(dllm), round_mode(args))
+def loop(worker: Worker, rx: Receiver, tx: Sender) -> None:
+    while True:
+        if worker.idle and worker.tracer is not None:
+            worker.tracer.settle()
+        msgs = [rx.recv()] if worker.idle else []
+        t0 = time.monotonic()
+        items = unpack([*msgs, *rx.drain()])
+        if items is None:
+            return
+        report = worker.iterate(items)
+        if report is not None:
+            tx.send(report)
+        if worker.tracer is not None and not worker.idle:
+            worker.tracer.host(t0, time.monotonic(), worker.wait_s)
+        worker.wait_s = 0.0
 
 
-def round_mode(args: ServerArgs) -> RoundMode:
-    wavefront = WavefrontConfig(args.dllm_wavefront_size, args.dllm_spawn_threshold,
-                                args.dllm_spawn_token_threshold, args.dllm_wavefront_lockstep)
-    return RoundMode(fdfo=args.dllm_fdfo, wavefront=wavefront)
+def unpack(msgs: list[object]) -> list[WorkItem] | None:
+    """The items of the scheduler's batches, in order; None on Shutdown."""
+    items: list[WorkItem] = []
+    for msg in msgs:
+        if isinstance(msg, Shutdown):
+            return None
+        if not isinstance(msg, WorkerBatch):
+            raise TypeError(f"worker got an unexpected message {type(msg).__name__}")
+        items.extend(msg.items)
+    return items
+
+
+def build_worker(cfg: WorkerConfig) -> Worker:
+    runner = ModelRunner(cfg.runner)
+    graphs = runner.graphs
+    tracer = Tracer.from_env(runner.device, {"cuda_graphs": graphs is not None,
+                                             "graph_buckets": graphs.buckets if graphs else []})
+    return Worker(runner, build_algorithm(cfg.dllm), cfg.mode, tracer)

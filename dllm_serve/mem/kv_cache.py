@@ -3,7 +3,7 @@
 Slot `s` holds the K/V of one token: page `s // page_size`, offset `s % page_size`. The token at
 absolute position `p` of the request in row `r` lives in slot
 `req_to_page[r, p // page_size] * page_size + p % page_size`. The scheduler decides which pages a
-request owns (mem/page_pool.py); the worker only writes the rows it is told.
+request owns (mem/allocator.py); the worker only writes the entries it is told.
 """
 
 from __future__ import annotations
@@ -27,18 +27,14 @@ class KVCache:
         self.req_to_page = torch.full((max_req_slots, max_pages_per_req), -1, dtype=torch.int64,
                                       device=device)
 
-    def set_pages(self, req_slots: list[int], pages: list[np.ndarray]) -> None:
-        """Write each request's page list into its row (one host-to-device copy)."""
-        width = max((len(p) for p in pages), default=0)
-        if width > self.max_pages_per_req:
-            raise ValueError(f"request needs {width} pages, the table holds "
+    def map_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
+        """Write page-table entries [first, first + len(pages)) of request slot `slot`."""
+        end = first + len(pages)
+        if end > self.max_pages_per_req:
+            raise ValueError(f"request needs {end} pages, the table holds "
                              f"{self.max_pages_per_req}")
-        table = np.full((len(pages), width), -1, dtype=np.int64)
-        for i, p in enumerate(pages):
-            table[i, : len(p)] = p
-        rows = torch.as_tensor(req_slots, dtype=torch.int64)
-        self.req_to_page[rows.to(self.req_to_page.device), :width] = torch.from_numpy(table).to(
-            self.req_to_page.device)
+        dev = self.req_to_page.device
+        self.req_to_page[slot, first:end] = torch.as_tensor(pages, dtype=torch.int64).to(dev)
 
     def slots(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slot of each absolute position; req_slots and positions broadcast together."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.kernels.runtime import cdiv
 from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
@@ -89,21 +88,22 @@ class DenoiseGraphs:
 
     # ---- per forward ---------------------------------------------------------------------
 
-    def prepare(self, req_slots: list[int], batch: DenoiseBatch
-                ) -> Callable[[], torch.Tensor] | None:
-        """The forward over `batch` (its pages already set), or None when no bucket holds it.
-        Each call returns logits (N * K, V) fp32, valid until the next call."""
-        n = batch.size
+    def prepare(self, req_slots: list[int], first_starts: list[int], num_blocks: list[int],
+                block_ids: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+        """The forward over the active blocks `block_ids` (N, K) (their pages mapped), or None
+        when no bucket holds N blocks. Each call returns logits (N * K, V) fp32, valid until
+        the next call."""
+        n = block_ids.shape[0]
         bucket = pick_bucket(n, self.buckets)
         if bucket is None:
             return None
         static = self.forwards[bucket]
-        self._fill(bucket, req_slots, batch.first_starts, batch.num_blocks)
+        self._fill(bucket, req_slots, first_starts, num_blocks)
         t = n * self.layout.block_size
         self.ids[t:static.tokens].fill_(self.pad_id)
 
         def run() -> torch.Tensor:
-            self.ids[:t].copy_(batch.block_ids.view(-1))
+            self.ids[:t].copy_(block_ids.view(-1))
             self._run(static)
             return self.logits[:t]
 

@@ -2,13 +2,18 @@
 
 An algorithm owns token selection and nothing else. Each step it gets a `DenoiseBatch` of N
 active blocks of K = block_size ids and the logits (N * K, V) of a forward over exactly those
-ids (the ids tensor is a view of the forward's input, so editing it in place changes the next
-forward). Contract of `step` (SGLang's): it edits `batch.block_ids` in place and returns, per
-block, whether the block was already complete *on entry*, i.e. the forward that produced these
-logits saw the block's final tokens, so its cached KV is exact and the block can be committed.
-That costs one extra forward per block, and keeps a committed block's KV consistent with its
-tokens. The execution modes (sync, FDFO, wavefront) are the base class's `run`, shared by every
-algorithm (see dllm/rounds.py).
+ids; the next forward reads the ids as the step left them. Contract of `step` (SGLang's): it
+edits `batch.block_ids` in place and returns, per block, whether the block was already complete
+*on entry*, i.e. the forward that produced these logits saw the block's final tokens, so its
+cached KV is exact and the block can be committed. That costs one extra forward per block, and
+keeps a committed block's KV consistent with its tokens.
+
+`converged` says, after a step, which blocks the *next* step will report done on entry. The
+worker reads it one forward late (it launches forward k + 1 before it reads step k's results),
+which is exactly when it needs it: a block converged after step k has its final forward in
+k + 1, so it leaves the batch right after that forward and its place is taken in k + 2. The
+algorithm is called by the worker's loop (managers/worker.py), never the other way round; the
+execution modes (sync, FDFO, wavefront) live there and in dllm/modes.py.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import numpy as np
 import torch
 
 from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.rounds import Forward, RoundMode, RoundOutput, run_round
 from dllm_serve.dllm.sampling import sample_rows
 from dllm_serve.sampling_params import is_finite_number
 
@@ -33,6 +37,15 @@ RowState = dict[str, np.ndarray]  # one block's state, as stored by the schedule
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """Base of each algorithm's frozen settings dataclass (loaded from the YAML)."""
+
+
+@dataclass
+class StepOutput:
+    """done (N,) bool: the block was complete on entry (its KV from this forward is exact);
+    confidence (N, K) fp32: the confidence of each position's predicted token this step."""
+
+    done: torch.Tensor
+    confidence: torch.Tensor
 
 
 def reference_predict(batch: DenoiseBatch, logits: torch.Tensor,
@@ -98,13 +111,21 @@ class DllmAlgorithm(ABC):
 
     @abstractmethod
     def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
-             state: State | None) -> torch.Tensor:
-        """full_logits (N * K, V) -> done-on-entry flags (N,) bool, on the device.
+             state: State | None) -> StepOutput:
+        """full_logits (N * K, V) -> done-on-entry flags and confidences, on the device.
 
-        Edits batch.block_ids (and state) in place; must not synchronise with the host.
-        Algorithms get tokens and confidences through `predict`, which also records the
-        confidences for the wavefront's spawn gate.
+        Edits batch.block_ids (and state) in place; must not synchronise with the host. A block
+        done on entry is left unchanged (further steps over it change nothing).
         """
+
+    @abstractmethod
+    def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
+        """(N,) bool, after a step: the blocks the next step will report done on entry."""
+
+    def readiness_threshold(self) -> float:
+        """The wavefront's default tau: confidence a masked position needs to count as ready
+        (--dllm-spawn-token-threshold overrides it). Algorithms with a threshold return it."""
+        return 0.9
 
     def max_steps(self, block_size: int) -> int:
         """Upper bound on step() calls for one block, the done-on-entry step included."""
@@ -119,13 +140,6 @@ class DllmAlgorithm(ABC):
         """Blocks whose left context just changed (rows (N,) bool): forget any convergence
         judged against the old context. Default: nothing to forget."""
         return None
-
-    # ---- execution modes (shared by every algorithm) -------------------------------------
-
-    def run(self, forward: Forward, batch: DenoiseBatch, state: State | None,
-            mode: RoundMode) -> RoundOutput:
-        """One round in the given mode (sync / FDFO, wavefront size); see dllm/rounds.py."""
-        return run_round(self, forward, batch, state, mode)
 
     # ---- helpers shared by algorithms ----------------------------------------------------
 
@@ -145,7 +159,8 @@ class DllmAlgorithm(ABC):
 
     def predict(self, batch: DenoiseBatch, logits: torch.Tensor) -> tuple[torch.Tensor,
                                                                             torch.Tensor]:
-        """logits (N, K, V) -> (x, p): predicted token (N, K) and its confidence (N, K).
+        """logits (N, K, V) -> (x, p): predicted token (N, K) int64 and its confidence (N, K)
+        fp32.
 
         Greedy rows take the argmax; rows with temperature > 0 sample by the Gumbel-max rule on
         logits / temperature (restricted to the top_p nucleus). The confidence is the softmax
@@ -158,7 +173,6 @@ class DllmAlgorithm(ABC):
             x, p = argmax_confidence(logits, self.mask_id)
         else:
             x, p = reference_predict(batch, logits, self.mask_id)
-        batch.confidence = p
         return x, p
 
     def top1_fallback(self, conf: torch.Tensor, transfer: torch.Tensor,

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_serve.dllm.algorithms.base import AlgorithmConfig, DenoiseBatch, DllmAlgorithm, State
+from dllm_serve.dllm.algorithms.base import (
+    AlgorithmConfig,
+    DenoiseBatch,
+    DllmAlgorithm,
+    State,
+    StepOutput,
+)
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
 
 
@@ -60,7 +66,7 @@ class JointThreshold(DllmAlgorithm):
         return block_size + self.config.max_post_edit_steps + 2
 
     def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
-             state: State | None) -> torch.Tensor:
+             state: State | None) -> StepOutput:
         assert state is not None
         ids = batch.block_ids  # (B, K)
         done = state["finished"].clone()
@@ -83,7 +89,14 @@ class JointThreshold(DllmAlgorithm):
         state["finished"] |= over_budget | (live & ~transfer.any(1))
         state["t2t_edits"] += (t2t & live[:, None]).sum(1)
         ids.copy_(torch.where(transfer, x, ids))
-        return done
+        return StepOutput(done, p)
+
+    def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
+        assert state is not None
+        return state["finished"].clone()
+
+    def readiness_threshold(self) -> float:
+        return self.config.threshold
 
     def edits(self, state: State | None) -> torch.Tensor | None:
         assert state is not None

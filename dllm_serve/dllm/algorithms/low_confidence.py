@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_serve.dllm.algorithms.base import AlgorithmConfig, DenoiseBatch, DllmAlgorithm, State
+from dllm_serve.dllm.algorithms.base import (
+    AlgorithmConfig,
+    DenoiseBatch,
+    DllmAlgorithm,
+    State,
+    StepOutput,
+)
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
 
 
@@ -27,10 +33,11 @@ class LowConfidenceConfig(AlgorithmConfig):
 @ALGORITHMS.register()
 class LowConfidence(DllmAlgorithm):
     Config = LowConfidenceConfig
+    config: LowConfidenceConfig
     request_params = ("threshold",)
 
     def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
-             state: State | None) -> torch.Tensor:
+             state: State | None) -> StepOutput:
         ids = batch.block_ids  # (B, K)
         masked = ids == self.mask_id
         has_mask = masked.any(1)
@@ -39,4 +46,10 @@ class LowConfidence(DllmAlgorithm):
         transfer = conf > self.param(batch, "threshold")
         transfer = self.top1_fallback(conf, transfer, has_mask) & masked
         ids.copy_(torch.where(transfer, x, ids))
-        return ~has_mask
+        return StepOutput(~has_mask, p)
+
+    def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
+        return ~(batch.block_ids == self.mask_id).any(1)
+
+    def readiness_threshold(self) -> float:
+        return self.config.threshold

@@ -1,0 +1,100 @@
+"""One denoise step over the device batch, and the one tensor the worker reads back of it.
+
+`denoise_step` runs the algorithm's step on a forward's logits, then (wavefront) reopens blocks
+whose left context changed and measures the frontier's readiness, and packs per block row:
+
+    readout (N, K + 5) int64 = [ids after the step (K) | converged | ready | bad | done | edits]
+
+converged: the next step reports the block done on entry (its next forward is its final one);
+ready: its readiness exceeds the spawn threshold (wavefront only, else 0); bad: a non-finite
+confidence (NaN / inf logits: the row's request must fail); done: done on entry this step;
+edits: T2T edits the block has had. One device-to-host copy of `readout` per forward is all the
+host needs. Nothing here synchronises with the host.
+
+If the step raises, the batch is restored from a snapshot and stepped one request at a time, so
+only the requests whose step raises fail (their rows come back unchanged and `bad`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State, StepOutput
+from dllm_serve.dllm.batch import DenoiseBatch
+from dllm_serve.dllm.wavefront import earlier_block_changed, readiness
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ("converged", "ready", "bad", "done", "edits")  # readout columns K, K + 1, ...
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    wavefront: bool  # W > 1: reopen later blocks on a change, measure readiness
+    token_threshold: float = 0.9  # tau
+    spawn_threshold: float = 0.6  # theta
+
+
+def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
+                 state: State | None, spec: StepSpec) -> tuple[torch.Tensor, list[int]]:
+    """logits (N * K, V) -> (readout (N, K + 5) int64, requests whose step raised)."""
+    ids = batch.block_ids
+    before = ids.clone()
+    saved = None if state is None else {k: v.clone() for k, v in state.items()}
+    failed: list[int] = []
+    try:
+        out = algo.step(batch, logits, state)
+    except Exception:
+        logger.exception("the decoding step raised; stepping request by request")
+        out, failed = step_each_request(algo, batch, logits, state, before, saved)
+    ready = torch.zeros_like(out.done)
+    if spec.wavefront:
+        algo.reopen(state, earlier_block_changed((ids != before).any(1), batch.row_req))
+        rho = readiness(before == algo.mask_id, out.confidence, spec.token_threshold)
+        ready = rho > spec.spawn_threshold
+    bad = ~torch.isfinite(out.confidence).all(1)
+    edits = algo.edits(state)
+    if edits is None:
+        edits = torch.zeros_like(out.done, dtype=torch.int64)
+    flags = torch.stack([algo.converged(batch, state).long(), ready.long(), bad.long(),
+                         out.done.long(), edits.long()], 1)
+    return torch.cat([ids, flags], 1), failed
+
+
+def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
+                      state: State | None, before: torch.Tensor, saved: State | None,
+                      ) -> tuple[StepOutput, list[int]]:
+    """The step run per request on the same logits (after restoring the snapshot); requests
+    whose step raises keep their rows unchanged and get NaN confidences."""
+    restore(batch.block_ids, state, before, saved)
+    n, k = batch.size, batch.block_size
+    done = torch.zeros(n, dtype=torch.bool, device=batch.block_ids.device)
+    conf = torch.full((n, k), float("nan"), device=batch.block_ids.device)
+    rows_logits = logits.view(n, k, -1)
+    failed = []
+    for b in range(len(batch.num_blocks)):
+        one, rows = batch.select(b)
+        sub = None if state is None else {key: v[rows] for key, v in state.items()}
+        try:
+            out = algo.step(one, rows_logits[rows].reshape(-1, rows_logits.shape[-1]), sub)
+        except Exception:
+            logger.exception("the decoding step raised for request row %d", b)
+            failed.append(b)
+            restore(batch.block_ids, state, before, saved, rows)
+            continue
+        if state is not None and sub is not None:
+            for key, value in sub.items():
+                state[key][rows] = value
+        done[rows], conf[rows] = out.done, out.confidence
+    return StepOutput(done, conf), failed
+
+
+def restore(ids: torch.Tensor, state: State | None, before: torch.Tensor, saved: State | None,
+            rows: slice = slice(None)) -> None:
+    ids[rows] = before[rows]
+    if state is not None and saved is not None:
+        for key, value in saved.items():
+            state[key][rows] = value[rows]

@@ -1,0 +1,59 @@
+"""Execution modes, independent of the algorithm: when blocks retire and when blocks open.
+
+- FDFO (first done, first out): a request retires its leading converged blocks as soon as they
+  have had their final forward; their place is taken at once (the request's next block, or a
+  new request's).
+- sync: nothing retires until every request in the batch can retire its leftmost block; then
+  every request retires its leading converged blocks together, and new work joins.
+- wavefront (size W > 1, FlowBlock): a request may also open its next block before its
+  frontier is done, when the frontier is ready (see wavefront.py); lockstep (a benchmark
+  baseline, sync only) opens blocks only when every request that could is ready, all together.
+A request whose window empties opens its next block if it goes on (no stop token, pages mapped).
+Blocks retire in order only, so a committed block's KV was computed from its final tokens and
+its final left context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dllm_serve.dllm.wavefront import WavefrontConfig
+
+
+@dataclass(frozen=True)
+class RoundMode:
+    fdfo: bool = True
+    wavefront: WavefrontConfig = field(default_factory=WavefrontConfig)
+
+
+@dataclass
+class Plan:
+    """Per request: retire[b] leading blocks leave now; open[b] one new block opens after the
+    request's frontier (its window is empty, or its ready frontier spawns)."""
+
+    retire: np.ndarray  # (B,) int64
+    open: np.ndarray  # (B,) bool
+    boundary: bool  # sync: the whole batch retired (new requests may join)
+
+
+def plan(mode: RoundMode, leading: np.ndarray, num_blocks: np.ndarray, frontier_ready: np.ndarray,
+         can_open: np.ndarray) -> Plan:
+    """leading (B,): converged blocks at the start of each request's window; num_blocks (B,);
+    frontier_ready (B,): the frontier block is ready to spawn; can_open (B,): a block after the
+    frontier fits (pages mapped, below max_end) and the request goes on."""
+    if mode.fdfo:
+        retire, boundary = leading.copy(), False
+    else:
+        boundary = bool(len(leading)) and bool((leading > 0).all())
+        retire = leading.copy() if boundary else np.zeros_like(leading)
+    left = num_blocks - retire
+    empty = (left == 0) & can_open
+    wf = mode.wavefront
+    spawn = (left > 0) & (left < wf.size) & frontier_ready & can_open
+    if wf.lockstep:
+        eligible = (left > 0) & (left < wf.size) & can_open
+        go = bool(eligible.any()) and bool(frontier_ready[eligible].all())
+        spawn = eligible & go
+    return Plan(retire, empty | spawn, boundary)

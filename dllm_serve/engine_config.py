@@ -1,0 +1,92 @@
+"""Configuration resolved once, in the parent process, into one frozen config per process.
+
+`EngineConfig.resolve` reads config.json (and the algorithm YAML) once; the scheduler and the
+worker receive `SchedulerProcConfig` / `WorkerConfig` and never re-read the checkpoint's
+configuration or take the whole `ServerArgs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dllm_serve.default_model import resolve_model_path
+from dllm_serve.dllm.config import DllmConfig, arch_defaults
+from dllm_serve.dllm.modes import RoundMode
+from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.managers.scheduler import SchedulerConfig
+from dllm_serve.model.config import ModelConfig
+from dllm_serve.model.runner import RunnerConfig
+from dllm_serve.server_args import ServerArgs
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    runner: RunnerConfig
+    dllm: DllmConfig
+    mode: RoundMode
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class SchedulerProcConfig:
+    scheduler: SchedulerConfig  # num_pages / page_size: 0 until the worker reports its pool
+    tokenizer_path: str
+    eos_ids: tuple[int, ...]
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    args: ServerArgs  # model_path resolved (never None)
+    model: ModelConfig
+    dllm: DllmConfig
+    eos_ids: tuple[int, ...]
+
+    @staticmethod
+    def resolve(args: ServerArgs, extra_stop_ids: list[int] | None = None) -> EngineConfig:
+        """`extra_stop_ids`: the tokenizer's end-of-turn tokens (they stop generation too)."""
+        args = args.replace(model_path=resolve_model_path(args.model_path))
+        assert args.model_path is not None
+        model = ModelConfig.load(args.model_path)
+        dllm = DllmConfig.build(model, args.dllm_algorithm, args.dllm_algorithm_config,
+                                args.dllm_fdfo)
+        eos = set(model.eos_token_ids()) or {arch_defaults(model.architecture).eos_id}
+        return EngineConfig(args, model, dllm, tuple(sorted(eos | set(extra_stop_ids or []))))
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.args.tokenizer_path or str(self.args.model_path)
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length(self.args.context_length)
+
+    @property
+    def mode(self) -> RoundMode:
+        a = self.args
+        return RoundMode(fdfo=a.dllm_fdfo, wavefront=WavefrontConfig(
+            a.dllm_wavefront_size, a.dllm_spawn_threshold, a.dllm_spawn_token_threshold,
+            a.dllm_wavefront_lockstep))
+
+    def worker(self) -> WorkerConfig:
+        a = self.args
+        runner = RunnerConfig(
+            model=self.model, block_size=self.dllm.block_size, mask_id=self.dllm.mask_id,
+            device=a.resolved_device, dtype=a.resolved_dtype,
+            attention_backend=a.attention_backend, moe_backend=a.moe_backend,
+            load_format=a.load_format, random_seed=a.random_seed, page_size=a.page_size,
+            context_length=a.context_length, max_total_tokens=a.max_total_tokens,
+            mem_fraction_static=a.mem_fraction_static,
+            max_running_requests=a.max_running_requests,
+            cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks)
+        return WorkerConfig(runner, self.dllm, self.mode, a.log_level)
+
+    def scheduler(self) -> SchedulerProcConfig:
+        a = self.args
+        cfg = SchedulerConfig(
+            block_size=self.dllm.block_size, mask_id=self.dllm.mask_id, fdfo=a.dllm_fdfo,
+            max_running_requests=a.max_running_requests,
+            max_queued_requests=a.max_queued_requests,
+            chunked_prefill_size=a.chunked_prefill_size, num_pages=0, page_size=0,
+            random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size)
+        return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level)

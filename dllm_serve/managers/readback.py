@@ -1,0 +1,55 @@
+"""`Readback`: copy a step's readout to the host without making the host wait for it.
+
+On CUDA the copy goes into one of two pinned buffers (a forward is launched before the previous
+one's readout is read, so two are in flight at most) and an event marks its end; `Pending.get`
+waits for that event only. On the CPU the readout is already in host memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Pending:
+    buffer: torch.Tensor  # host (n, width) int64
+    event: torch.cuda.Event | None
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def get(self) -> np.ndarray:
+        """The readout (n, width), waiting for the copy if it is still running."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.buffer.numpy()
+
+
+class Readback:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.buffers: list[torch.Tensor] = []
+        self.turn = 0
+
+    def start(self, readout: torch.Tensor) -> Pending:
+        """Begin copying readout (n, width) int64 to the host."""
+        if not self.cuda:
+            return Pending(readout, None)
+        n, width = readout.shape
+        self.turn ^= 1
+        if len(self.buffers) < 2 or self.buffers[self.turn].shape[0] < n \
+                or self.buffers[self.turn].shape[1] != width:
+            self._grow(max(n, 64), width)
+        host = self.buffers[self.turn][:n]
+        host.copy_(readout, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Pending(host, event)
+
+    def _grow(self, rows: int, width: int) -> None:
+        torch.cuda.synchronize()  # a copy into the old buffers may still be running
+        self.buffers = [torch.empty((2 * rows, width), dtype=torch.int64, pin_memory=True)
+                        for _ in range(2)]
