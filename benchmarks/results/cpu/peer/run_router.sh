@@ -18,9 +18,19 @@ pids+=($!)
 trap 'kill ${pids[*]}; wait' EXIT
 for PORT in 30001 30002; do until curl -sf http://127.0.0.1:$PORT/health > /dev/null; do sleep 1; done; done
 until curl -sf http://127.0.0.1:30000/v1/models > /dev/null; do sleep 1; done
-served() { for PORT in 30001 30002; do
-  curl -s http://127.0.0.1:$PORT/metrics | grep '^dllm:num_requests_total' | awk -v p=$PORT '{s+=$2} END {print "replica " p ": " s " requests"}'
-done; }
+served() {  # requests each replica finished (its dllm:num_requests_total), as JSON
+  python - <<'PY'
+import json
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for port in (30001, 30002):
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    out[port] = sum(s.value for f in text_string_to_metric_families(text)
+                    for s in f.samples if s.name == "dllm:num_requests_total")
+print(json.dumps(out))
+PY
+}
 served > "$OUT/router_served_before.txt"
 for BACKEND in sglang sglang-oai sglang-oai-chat; do
   echo "== router bench_serving $BACKEND" | tee "$OUT/router_bench_serving_$BACKEND.log"
