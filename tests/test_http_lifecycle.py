@@ -20,6 +20,7 @@ import pytest
 from http_helpers import REPO, Server, pools_whole, shared_server, start_server
 
 KEY = "sk-test-key"
+DRAIN_WAIT_S = 900.0  # 96 tokens take seconds; this only stops a hang from blocking forever
 
 
 @pytest.fixture(scope="module")
@@ -106,15 +107,16 @@ def test_sigterm_drains_then_exits_with_no_children(server: Server) -> None:
 
     Independent of the machine's speed: the running request is a stream whose first block has
     arrived when the signal goes out, so it is in flight whatever a forward costs, and it has
-    only a few blocks left; the clients wait as long as the drain takes."""
+    only a few blocks left; the clients wait as long as the drain takes (up to DRAIN_WAIT_S, a
+    bound for a hang, not a speed assumption)."""
     children = children_of(server)
     assert len(children) >= 2
     body = {"prompt": "drain me", "max_tokens": 96, "ignore_eos": True}  # 3 blocks each
     with httpx.stream("POST", server.url("/v1/completions"), json={**body, "stream": True},
-                      headers=server.headers, timeout=None) as stream:
+                      headers=server.headers, timeout=DRAIN_WAIT_S) as stream:
         lines = stream.iter_lines()
         assert next(x for x in lines if x.startswith("data: "))  # its first block: running
-        results, threads = post_in_threads(server, [body], timeout=None)
+        results, threads = post_in_threads(server, [body], timeout=DRAIN_WAIT_S)
         wait_admitted(server, 2)
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
@@ -123,7 +125,7 @@ def test_sigterm_drains_then_exits_with_no_children(server: Server) -> None:
         assert server.get("/health").status_code == 503
         rest = [x for x in lines if x.startswith("data: ")]
     for t in threads:
-        t.join()
+        t.join(DRAIN_WAIT_S)
     assert rest[-1] == "data: [DONE]" and '"finish_reason": "length"' in rest[-2]
     assert [r.status_code for r in results] == [200]
     assert results[0].json()["usage"]["completion_tokens"] == 96
