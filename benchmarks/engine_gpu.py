@@ -1,6 +1,8 @@
-"""The engine end to end (scheduler + worker processes) at LLaDA2.0-mini's shapes (issue 6).
+"""The engine end to end (scheduler + worker processes) at a real model's shapes (issues 6, 17).
 
-    python benchmarks/engine_gpu.py --out results/engine_gpu.json
+    python benchmarks/engine_gpu.py --out results/engine_gpu.json    # LLaDA2.0-mini's shapes
+    python benchmarks/engine_gpu.py --preset sdar-8b-shape --concurrency 64 128 \
+        --out results/engine_gpu_sdar8b.json
     python benchmarks/engine_gpu.py --preset tiny --device cpu --concurrency 2   # smoke
 
 The model folder holds config.json and the tokenizer only (`make_tiny_model.py --no-weights`,
@@ -8,9 +10,10 @@ written to a temporary folder unless --model-path is given) and the worker build
 with random weights in memory (`--load-format dummy`). Per engine setting (--graphs on: CUDA
 graphs, off: eager) and per concurrency C, C GSM8K prompts run at once with FDFO, each for
 exactly --max-new-tokens tokens (random weights never converge early: every block takes its
-full ~33 forwards). `--load-format auto --model-path DIR` runs a real checkpoint instead, and
-`--mode sync` the sync execution mode. Reported per run: output tokens/s, rounds/s and denoise
-forwards/s, and the fraction of wall time the device sat idle between rounds.
+full block size + 1 forwards, 33 for LLaDA2, 5 for SDAR). `--load-format auto --model-path DIR`
+runs a real checkpoint instead, and `--mode sync` the sync execution mode. Reported per run:
+output tokens/s, rounds/s and denoise forwards/s, and the fraction of wall time the device sat
+idle between rounds.
 
 Method (dllm_serve/managers/round_trace.py, benchmarks/trace_summary.py): the worker puts CUDA
 events around every device item (a prefill forward, or a denoise forward + step) and records
@@ -36,14 +39,17 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 from benchmarks.common import git_commit, gsm8k_questions, write_json
 from benchmarks.trace_summary import read_trace, summarize
 from dllm_serve.managers.round_trace import TRACE_ENV
-from dllm_serve.tools.tiny_checkpoint import PRESETS, build_tiny_checkpoint
+from dllm_serve.tools.tiny_checkpoint import ARCHES, PRESETS, build_tiny_checkpoint, preset_arch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None,
                    help="config.json + tokenizer folder (default: written for --preset)")
-    p.add_argument("--preset", default="llada2-mini-shape", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="llada2-mini-shape", choices=PRESETS)
+    p.add_argument("--arch", default=None, choices=ARCHES,
+                   help="architecture of the preset (default: the preset's own; tiny: "
+                   "llada2_moe)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     p.add_argument("--graphs", nargs="+", default=["on"], choices=["on", "off"],
@@ -133,7 +139,8 @@ def print_row(r: dict[str, Any]) -> None:
 def model_folder(ns: argparse.Namespace, tmp: Path) -> str:
     if ns.model_path:
         return ns.model_path
-    return str(build_tiny_checkpoint(tmp / "model", preset=ns.preset, weights=False))
+    return str(build_tiny_checkpoint(tmp / "model", arch=preset_arch(ns.preset, ns.arch),
+                                     preset=ns.preset, weights=False))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dllm_serve.models.llada2_config import LLaDA2Config
+from dllm_serve.layers.moe import SparseMoeBlock
+from dllm_serve.models.decoder import DecoderSpec
 
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -48,44 +49,52 @@ def weight_bytes(model: nn.Module, tokens: int, experts_touched: dict[int, int])
         if name.endswith(("experts.w13", "experts.w2")):
             layer = int(LAYER.search(name).group(1))  # type: ignore[union-attr]
             total += size // p.shape[0] * experts_touched[layer]
-        elif "word_embeddings" in name:
+        elif "embed_tokens" in name:
             total += tokens * p.shape[1] * p.element_size()
         else:
             total += size
     return total
 
 
-def kv_bytes(cfg: LLaDA2Config, prefixes: list[int], block: int, itemsize: int) -> int:
+def kv_bytes(cfg: DecoderSpec, prefixes: list[int], block: int, itemsize: int) -> int:
     """Every layer reads each request's K and V for prefix + block and writes the block's."""
     per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
     read = sum(p + block for p in prefixes)
     return per_token * (read + block * len(prefixes))
 
 
-def matmul_flops(model: nn.Module, cfg: LLaDA2Config, tokens: int) -> int:
+def matmul_flops(model: nn.Module, top_k: int, tokens: int) -> int:
     """Dense products: every 2-D weight once per token (embeddings excluded); routed experts
     once per (token, chosen expert)."""
     total = 0
     for name, p in model.named_parameters():
-        if p.dim() < 2 or "word_embeddings" in name:
+        if p.dim() < 2 or "embed_tokens" in name:
             continue
         per_token = 2 * p.numel()
         if name.endswith(("experts.w13", "experts.w2")):
-            per_token = per_token // p.shape[0] * cfg.routing.top_k
+            per_token = per_token // p.shape[0] * top_k
         total += tokens * per_token
     return total
 
 
-def attention_flops(cfg: LLaDA2Config, prefixes: list[int], block: int) -> int:
+def attention_flops(cfg: DecoderSpec, prefixes: list[int], block: int) -> int:
     """QK^T and PV: 4 * heads * head_dim per (query, visible key), over every layer."""
     pairs = sum(block * (p + block) for p in prefixes)
     return 4 * cfg.num_heads * cfg.head_dim * pairs * cfg.num_layers
 
 
-def round_cost(model: nn.Module, cfg: LLaDA2Config, prefixes: list[int], block: int,
+def routed_top_k(model: nn.Module) -> int:
+    """Experts each token is routed to (0 for a dense model)."""
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    return blocks[0].routing.top_k if blocks else 0
+
+
+def round_cost(model: nn.Module, prefixes: list[int], block: int,
                experts_touched: dict[int, int], itemsize: int) -> RoundCost:
-    tokens = block * len(prefixes)
+    """The floor of a round of one block per request over `prefixes`, for any DecoderLM."""
+    tokens, spec = block * len(prefixes), model.spec
     return RoundCost(
         weight_bytes=weight_bytes(model, tokens, experts_touched),
-        kv_bytes=kv_bytes(cfg, prefixes, block, itemsize),
-        flops=matmul_flops(model, cfg, tokens) + attention_flops(cfg, prefixes, block))
+        kv_bytes=kv_bytes(spec, prefixes, block, itemsize),
+        flops=matmul_flops(model, routed_top_k(model), tokens)
+        + attention_flops(spec, prefixes, block))

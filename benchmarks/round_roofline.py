@@ -1,18 +1,24 @@
-"""One denoise round at LLaDA2.0-mini's shapes against its roofline floor (issue 6).
+"""One denoise round at a real model's shapes against its roofline floor (issues 6 and 17).
 
-    python benchmarks/round_roofline.py --out results/roofline.json
+    python benchmarks/round_roofline.py --out results/roofline.json          # LLaDA2.0-mini
+    python benchmarks/round_roofline.py --preset sdar-8b-shape --out results/roofline_sdar8b.json
+    python benchmarks/round_roofline.py --preset sdar-30b-a3b-shape \
+        --out results/roofline_sdar30b.json
     python benchmarks/round_roofline.py --set num_hidden_layers=2 --batch-sizes 1 4   # smoke
+    python benchmarks/round_roofline.py --preset tiny --arch sdar --device cpu   # CPU smoke
 
-The model is built in memory with random weights at the real config (preset
-"llada2-mini-shape" of dllm_serve.tools.tiny_checkpoint: no checkpoint on disk) and run through
-the real ModelRunner. For each batch size B and prefix length (~1k, ~4k: each request's prefix
-drawn in [0.9 P, P], block-aligned, its pages scattered in the pool) one round = forward over
-the B blocks of 32 tokens + LowConfidence's step, timed with CUDA events (median of --iters
-after --warmup). Backends: "triton+graphs" (the engine's default GPU path: the forward replays
-a CUDA graph captured for its batch size, the step runs eagerly), "triton" (the same kernels,
-eager: Triton attention and MoE, fused norms/RoPE/KV store, the fused step) and "torch" (the
-plain PyTorch reference, no custom kernels, no graphs). The floor is the larger of exact
-bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
+The model is built in memory with random weights at the real config (presets
+"llada2-mini-shape", "sdar-8b-shape", "sdar-30b-a3b-shape" of dllm_serve.tools.tiny_checkpoint:
+no checkpoint on disk) and run through the real ModelRunner. For each batch size B and prefix
+length (~1k, ~4k: each request's prefix drawn in [0.9 P, P], block-aligned, its pages scattered
+in the pool) one round = forward over the B blocks (the architecture's block size: 32 for
+LLaDA2, 4 for SDAR) + LowConfidence's step (at the architecture's default threshold), timed
+with CUDA events (median of --iters after --warmup). The round runs on the worker's own path
+(managers/worker.py: its row storage, and for "triton+graphs" the CUDA graph of forward + greedy
+step captured for the batch size). Backends: "triton+graphs" (the engine's default GPU path),
+"triton" (the same kernels, eager: Triton attention and MoE, fused norms/RoPE/KV store, the
+fused step) and "torch" (the plain PyTorch reference, no custom kernels, no graphs). The floor
+is the larger of exact bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
 (benchmarks/round_cost.py). Runs on the CPU too (wall-clock timing, assumed ceilings) for a
 smoke test with --preset tiny.
 """
@@ -38,35 +44,46 @@ from torch import nn
 
 from benchmarks.common import git_commit, write_json
 from benchmarks.round_cost import RoundCost, round_cost
-from dllm_serve.dllm.algorithms import DenoiseBatch, DllmAlgorithm, build_algorithm
+from dllm_serve.dllm.algorithms import DenoiseBatch, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.dllm.denoise_step import denoise_step
+from dllm_serve.dllm.modes import RoundMode
 from dllm_serve.layers.moe import Experts, route
+from dllm_serve.managers.worker import Worker
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import random_model
 from dllm_serve.model.runner import ModelRunner, RunnerConfig
-from dllm_serve.tools.tiny_checkpoint import PRESETS, llada2_config, preset_overrides
-from dllm_serve.tools.tiny_tokenizer import build_tokenizer
+from dllm_serve.tools.tiny_checkpoint import ARCHES, PRESETS, checkpoint_config, preset_arch
 
-BLOCK = 32
 CPU_CEILINGS = (50e9, 1e12)  # bytes/s, FLOP/s: placeholders for a CPU smoke run
 # name -> (attention backend, MoE backend, DllmAlgorithm.fused_predict, CUDA graphs)
 BACKENDS = {"triton+graphs": ("triton", "triton", True, True),
             "triton": ("triton", "triton", True, False), "torch": ("torch", "torch", False, False)}
 
 
+def model_config(hf: dict[str, Any]) -> ModelConfig:
+    return ModelConfig(path=Path("(random weights)"), architecture=hf["architectures"][0],
+                       hf=hf, vocab_size=hf["vocab_size"],
+                       max_position_embeddings=hf["max_position_embeddings"])
+
+
+def dllm_config(hf: dict[str, Any]) -> DllmConfig:
+    """LowConfidence with the architecture's block size, mask id and default threshold."""
+    return DllmConfig.build(model_config(hf), "LowConfidence", None, True)
+
+
 def make_runner(hf: dict[str, Any], model: nn.Module, backend: str, max_batch: int,
                 max_prefix: int, device: torch.device, dtype: torch.dtype) -> ModelRunner:
     attention, moe, _, graphs = BACKENDS[backend]
-    context = max_prefix + 2 * BLOCK
-    config = ModelConfig(path=Path("(random weights)"), architecture=hf["architectures"][0],
-                         hf=hf, vocab_size=hf["vocab_size"],
-                         max_position_embeddings=hf["max_position_embeddings"])
+    dllm = dllm_config(hf)
+    block = dllm.block_size
+    context = max_prefix + 2 * block
     cfg = RunnerConfig(
-        model=config, block_size=BLOCK, mask_id=hf["mask_token_id"], device=device.type,
+        model=model_config(hf), block_size=block, mask_id=dllm.mask_id, device=device.type,
         dtype=str(dtype).removeprefix("torch."), attention_backend=attention, moe_backend=moe,
         context_length=context, max_running_requests=max_batch, cuda_graphs=graphs,
-        graph_max_blocks=max_batch, max_total_tokens=max_batch * context + 64 * BLOCK)
+        graph_max_blocks=max_batch, max_total_tokens=max_batch * context + 64 * block)
     runner = ModelRunner(cfg, model=model)
     with torch.no_grad():
         for t in runner.kv.k + runner.kv.v:
@@ -76,40 +93,41 @@ def make_runner(hf: dict[str, Any], model: nn.Module, backend: str, max_batch: i
 
 def scatter_pages(runner: ModelRunner, prefixes: list[int], rng: np.random.Generator) -> None:
     """Request b (slot b) gets enough pages for prefix + block, drawn at random from the pool."""
-    need = [-(-(p + BLOCK) // runner.page_size) for p in prefixes]
+    need = [-(-(p + runner.block_size) // runner.page_size) for p in prefixes]
     pool = rng.permutation(runner.num_pages)
     ends = np.cumsum(need)
     for slot, (e, n) in enumerate(zip(ends, need, strict=True)):
         runner.add_pages(slot, 0, pool[e - n:e])
 
 
-def denoise_batch(ids: torch.Tensor, prefixes: list[int]) -> DenoiseBatch:
-    """A greedy DenoiseBatch, one block per request."""
+def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
+             ) -> tuple[Callable[[], None], ForwardBatch]:
+    """One round (forward + step) over fresh half-masked blocks in the worker's row storage,
+    repeatable, run as the worker runs it (one graph replay when a step graph holds the
+    batch); fb: an eager ForwardBatch of the same blocks."""
+    runner, algo, storage = worker.runner, worker.algo, worker.storage
     b = len(prefixes)
-    return DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
-                        temperatures=[0.0] * b, top_ps=[1.0] * b, seeds=[0] * b, params={},
-                        block_steps=np.zeros(b, dtype=np.int64))
+    shape = (b, runner.block_size)
+    init = torch.from_numpy(rng.integers(0, runner.model.config.vocab_size, shape))
+    init = torch.where(torch.rand(shape) < 0.5, algo.mask_id, init).to(runner.device)
+    storage.write_meta(np.arange(b), np.asarray(prefixes), np.zeros(b, np.int64),
+                       np.repeat(storage.defaults[:, None], b, axis=1))
+    ids, state = storage.views(b)
+    batch = DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
+                         temperatures=[0.0] * b, top_ps=[1.0] * b, seeds=[0] * b,
+                         params=storage.req_params, block_steps=np.zeros(b, dtype=np.int64))
+    batch.bind_rows(storage.row_req[:b], storage.row_start[:b], storage.row_seed[:b])
+    slots, blocks = list(range(b)), [1] * b
+    run = runner.prepare_denoise(slots, prefixes, blocks, ids)
 
-
-def round_fn(runner: ModelRunner, algo: DllmAlgorithm, prefixes: list[int],
-             rng: np.random.Generator) -> tuple[Callable[[], None], ForwardBatch]:
-    """One round (forward + step) over fresh half-masked blocks, repeatable; the forward is the
-    engine's (a graph replay when the runner captured graphs); fb: an eager batch of it."""
-    vocab = runner.model.config.vocab_size
-    init = torch.from_numpy(rng.integers(0, vocab, (len(prefixes), BLOCK))).to(runner.device)
-    init = torch.where(torch.rand(init.shape, device=runner.device) < 0.5, algo.mask_id, init)
-    ids = init.clone()
-    batch = denoise_batch(ids, prefixes)
-    slots = list(range(len(prefixes)))
-    blocks = [1] * len(prefixes)
-    forward = runner.denoise_forward(slots, prefixes, blocks, ids)
-    state = algo.init_step_state(ids)
-
-    def run() -> None:
+    def one_round() -> None:
         ids.copy_(init)
-        algo.step(batch, forward(), state)
+        if run.step is not None:
+            run.step()
+        else:
+            denoise_step(algo, batch, run.forward(), state, worker.spec)
 
-    return run, runner.denoise_batch(slots, prefixes, blocks, ids)
+    return one_round, runner.denoise_batch(slots, prefixes, blocks, ids)
 
 
 def time_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
@@ -146,7 +164,7 @@ def experts_touched(runner: ModelRunner, fb: ForwardBatch) -> dict[int, int]:
                 counts[layer] = int(ids.unique().numel())
 
             hooks.append(module.register_forward_hook(record))
-    runner.forward(fb)
+    runner.model(fb)
     for h in hooks:
         h.remove()
     return counts
@@ -181,18 +199,18 @@ def measure_ceilings(device: torch.device) -> tuple[float, float]:
     return 2 * src.numel() * 2 / (copy_ms / 1e3), 2 * 8192 ** 3 / (mm_ms / 1e3)
 
 
-def ragged_prefixes(batch: int, prefix: int, rng: np.random.Generator) -> list[int]:
-    low = max(0, int(0.9 * prefix) // BLOCK)
-    return (rng.integers(low, prefix // BLOCK + 1, batch) * BLOCK).tolist()
+def ragged_prefixes(batch: int, prefix: int, block: int, rng: np.random.Generator) -> list[int]:
+    low = max(0, int(0.9 * prefix) // block)
+    return (rng.integers(low, prefix // block + 1, batch) * block).tolist()
 
 
 def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argparse.Namespace,
                 device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
     runner = make_runner(hf, model, backend, max(args.batch_sizes), max(args.prefixes), device,
                          dtype)
-    dllm = DllmConfig(algorithm="LowConfidence", block_size=BLOCK, mask_id=hf["mask_token_id"])
-    algo = build_algorithm(dllm)
+    algo = build_algorithm(dllm_config(hf))
     algo.fused_predict = BACKENDS[backend][2]
+    worker = Worker(runner, algo, RoundMode())  # its row storage; captures the graphs
     if BACKENDS[backend][3] and device.type == "cuda" and runner.graphs is None:
         print(f"{backend}: graph capture failed (see the log): these rows run eagerly",
               flush=True)
@@ -200,9 +218,9 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
     for prefix in args.prefixes:
         for batch in args.batch_sizes:
             rng = np.random.default_rng(batch * 7919 + prefix)
-            prefixes = ragged_prefixes(batch, prefix, rng)
+            prefixes = ragged_prefixes(batch, prefix, runner.block_size, rng)
             scatter_pages(runner, prefixes, rng)
-            fn, fb = round_fn(runner, algo, prefixes, rng)
+            fn, fb = round_fn(worker, prefixes, rng)
             with torch.inference_mode():
                 ms = time_ms(fn, args.warmup, args.iters, device)
                 if args.out and [batch, prefix] == args.profile:
@@ -210,10 +228,11 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(profile_table(fn))
             rows.append({"backend": backend, "batch": batch, "prefix": prefix,
+                         "block": runner.block_size,
                          "prefixes": prefixes, "round_ms": ms,
                          "experts_touched": experts_touched(runner, fb)})
             print(f"{backend:13s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
-    del runner, fn, fb  # frees the KV pool and the graphs before the next backend
+    del runner, worker, fn, fb  # frees the KV pool and the graphs before the next backend
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -222,7 +241,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
 
 def add_floor(row: dict[str, Any], model: nn.Module, hf: dict[str, Any], itemsize: int,
               ceilings: tuple[float, float]) -> None:
-    cost: RoundCost = round_cost(model, model.config, row["prefixes"], BLOCK,
+    cost: RoundCost = round_cost(model, row["prefixes"], row["block"],
                                  row["experts_touched"], itemsize)
     floor_ms = 1e3 * cost.floor_s(*ceilings)
     row.update(weight_gb=cost.weight_bytes / 1e9, kv_gb=cost.kv_bytes / 1e9,
@@ -248,7 +267,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="llada2-mini-shape", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="llada2-mini-shape", choices=PRESETS)
+    parser.add_argument("--arch", default=None, choices=ARCHES,
+                        help="architecture of the preset (default: the preset's own; "
+                        "tiny: llada2_moe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="config.json override (repeatable), JSON value")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32, 64])
@@ -265,9 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    overrides = dict(preset_overrides(args.preset))
-    overrides.update((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.overrides))
-    hf = llada2_config(build_tokenizer(), PRESETS[args.preset], overrides)
+    overrides = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    _, hf = checkpoint_config(preset_arch(args.preset, args.arch), args.preset, **overrides)
     model = random_model(hf, dtype, device, args.seed)
     ceilings = measure_ceilings(device)
     print(f"ceilings: {ceilings[0] / 1e12:.2f} TB/s, {ceilings[1] / 1e12:.0f} TFLOP/s", flush=True)
@@ -280,8 +301,9 @@ def main(argv: list[str] | None = None) -> None:
                           "device": torch.cuda.get_device_name(device)
                           if device.type == "cuda" else "cpu",
                           "ceilings": {"bytes_per_s": ceilings[0], "flops": ceilings[1]},
-                          "config": {k: hf[k] for k in ("hidden_size", "num_hidden_layers",
-                                                         "num_experts", "vocab_size")},
+                          "config": {k: hf.get(k) for k in ("architectures", "hidden_size",
+                                                             "num_hidden_layers", "num_experts",
+                                                             "vocab_size")},
                           "rows": rows})
     if args.out:
         Path(args.out).with_suffix(".md").write_text(text + "\n")

@@ -22,7 +22,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 logger = logging.getLogger(__name__)
 
-ROLE_END = "<|role_end|>"
+# Tokens that end a chat turn: LLaDA2's and the Qwen / SDAR one.
+TURN_END_TOKENS = ("<|role_end|>", "<|im_end|>")
 
 
 class TemplateError(ValueError):
@@ -75,8 +76,8 @@ class Tokenizer:
 
     @property
     def extra_stop_token_ids(self) -> list[int]:
-        """Ids that end a turn: `<|role_end|>` and the EOS, those the vocabulary has."""
-        ids = [self.token_to_id(ROLE_END), self.eos_token_id]
+        """Ids that end a turn (`TURN_END_TOKENS`) and the EOS, those the vocabulary has."""
+        ids = [*(self.token_to_id(t) for t in TURN_END_TOKENS), self.eos_token_id]
         return list(dict.fromkeys(i for i in ids if i is not None))
 
     def _id_of(self, token: str | None) -> int | None:

@@ -11,7 +11,8 @@
 #
 # Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
 # and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
-# the attention kernel's launch sweep (benchmarks/attention_tune.py).
+# the attention kernel's launch sweep (benchmarks/attention_tune.py); runtime_default and
+# runtime_mini, the runtime's benchmarks (benchmarks/runtime_bench.py, issue 12).
 #
 # The GPU image lacks pyzmq (the engine's IPC): wheels staged here by
 # ../shared/device/stage-wheels.sh travel in .whl and are installed into /tmp/site.
@@ -19,8 +20,9 @@
 # tests.log, roofline.json, engine_gpu.json, all.tar.gz (every log, profile and table).
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
-RUN=/tmp/gpu_perf_run
-rm -rf "$RUN" && mkdir -p "$OUT" "$RUN"
+RUN=${RUN:-/tmp/gpu_perf_run}  # RUN=$OUT: every log comes back as it is written
+[[ $RUN == "$OUT" ]] || rm -rf "$RUN"
+mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -56,7 +58,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/N
 # 1. Tests: every kernel test compiled (small shapes + gpu-marked full shapes), then the
 #    gpu-marked graph, dummy-load and engine tests.
 # shellcheck disable=SC2086  # TESTS is a list of paths
-stage tests 240 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=12 $TESTS
+stage tests ${TESTS_LIMIT:-240} python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs \
+  --durations=12 ${TEST_FLAGS:-} $TESTS
 
 # 2. Roofline: graphs, eager Triton, plain PyTorch; profile tables at B=16, prefix 4k.
 stage roofline 160 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
@@ -75,6 +78,13 @@ stage engine_default 120 bash -c "for m in fdfo sync; do python3 benchmarks/engi
 # 5. (optional) The attention kernel's launch sweep at B=16/32, prefix ~4k.
 stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_tune.json"
 
+# 6. (optional) The runtime (issue 12): FDFO vs sync and W=2 vs W=1 on the built-in model;
+#    FDFO vs sync at LLaDA2.0-mini's shapes with benchmarks/scheduled_denoise.py's schedules.
+stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py \
+  --suite default-model default-heldout --out "$RUN/runtime_default.json"
+stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py --suite mini-lognormal \
+  mini-histogram --repeats 2 --out "$RUN/runtime_mini.json"
+
 {
   echo "# gpu_perf_check $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo '```'; cat "$RUN/machine.txt"; echo '```'
@@ -85,14 +95,19 @@ stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_t
   echo; echo "## engine"; echo '```'
   grep -h -E '^(fdfo|sync) graphs=|=== engine' "$RUN"/engine*.log; echo '```'
   echo "## attention"; echo '```'; grep -h -E '^best|=== attention' "$RUN/attention.log"; echo '```'
+  echo "## runtime"; echo '```'
+  grep -h -E '^(default-|mini-|fdfo_over|w2_over)|=== runtime' "$RUN"/runtime*.log; echo '```'
   echo "## notes"; echo '```'
   grep -h -i -E 'capture failed|run eagerly|Traceback|Error:' "$RUN"/*.log | sort | uniq -c | head -n 15
   echo '```'
 } > "$RUN/summary.md" 2>&1
-cp "$RUN/summary.md" "$OUT/"
-for f in tests.log roofline.json engine_gpu.json attention_tune.json; do
-  [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
-done
-tar -czf "$OUT/all.tar.gz" -C "$RUN" .
+if [[ $RUN != "$OUT" ]]; then
+  cp "$RUN/summary.md" "$OUT/"
+  for f in tests.log roofline.json engine_gpu.json attention_tune.json runtime_default.json \
+    runtime_mini.json; do
+    [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
+  done
+  tar -czf "$OUT/all.tar.gz" -C "$RUN" .
+fi
 cat "$RUN/summary.md"
 exit $status

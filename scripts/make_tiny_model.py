@@ -2,14 +2,20 @@
 
     python scripts/make_tiny_model.py --arch llada2_moe --out /tmp/tiny-llada2 [--seed N]
         [--preset tiny] [--set num_hidden_layers=4 --set tie_word_embeddings=true]
+    python scripts/make_tiny_model.py --arch sdar --out /tmp/tiny-sdar          # SDAR dense
+    python scripts/make_tiny_model.py --arch sdar_moe --out /tmp/tiny-sdar-moe  # SDAR MoE
     python scripts/make_tiny_model.py --preset llada2-mini-shape --device cuda --out DIR
-    python scripts/make_tiny_model.py --preset llada2-mini-shape --no-weights --out DIR
+    python scripts/make_tiny_model.py --arch sdar --preset sdar-8b-shape --no-weights --out DIR
 
-The llada2-mini-shape preset has LLaDA2.0-mini's exact shapes (~16B parameters: 32 GB of
+--arch: llada2_moe (LLaDA2.x), sdar (SDARForCausalLM), sdar_moe (SDARMoeForCausalLM). The SDAR
+checkpoints carry a Qwen-style tokenizer with SDAR's special tokens at their real ids
+(<|endoftext|> 151643, <|im_end|> 151645, <|MASK|> 151669) and the real vocab_size 151936.
+Presets at real shapes: llada2-mini-shape (LLaDA2.0-mini, ~16B parameters: 32 GB of
 safetensors, built in host memory before writing; --device cuda draws the random values on the
-GPU). For speed measurements benchmarks/round_roofline.py builds the same model in GPU memory
-without writing it; --no-weights writes only config.json and the tokenizer files, which the
-engine serves with `--load-format dummy` (random weights built in memory).
+GPU), sdar-8b-shape (--arch sdar), sdar-30b-a3b-shape (--arch sdar_moe). For speed measurements
+benchmarks/round_roofline.py builds the same models in GPU memory without writing them;
+--no-weights writes only config.json and the tokenizer files, which the engine serves with
+`--load-format dummy` (random weights built in memory).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", default="llada2_moe", choices=ARCHES)
     parser.add_argument("--out", required=True, help="folder to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="same seed => identical files")
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="tiny", choices=PRESETS)
     parser.add_argument("--device", default="cpu", help="where to draw the random weights")
     parser.add_argument("--no-weights", dest="weights", action="store_false",
                         help="config and tokenizer only (serve with --load-format dummy)")

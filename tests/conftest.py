@@ -1,4 +1,4 @@
-"""Shared fixtures: one tiny LLaDA2 checkpoint per test session."""
+"""Shared fixtures: one tiny checkpoint per architecture per test session."""
 
 from __future__ import annotations
 
@@ -36,3 +36,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_sdar_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dense SDAR checkpoint (seed 0, default preset); tests must not modify it."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_sdar"), arch="sdar", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_sdar_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny SDAR-MoE checkpoint (seed 0, default preset); tests must not modify it."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_sdar_moe"), arch="sdar_moe",
+                                 seed=0)

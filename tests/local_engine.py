@@ -23,6 +23,7 @@ from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import GenerateReq, ReqOutput, WorkerReport, WorkItem
 from dllm_serve.managers.scheduler import Scheduler, SchedulerConfig
 from dllm_serve.managers.worker import Worker
+from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.sampling_params import SamplingParams
 from dllm_serve.server_args import ServerArgs
@@ -72,11 +73,12 @@ class LocalEngine:
 
 
 def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
-                 mrr: int = 2, **wavefront_kw: float | bool) -> LocalEngine:
+                 mrr: int = 2, page_size: int | None = None,
+                 **wavefront_kw: float | bool) -> LocalEngine:
     """The real model runner (CPU, fp32) under a local scheduler + worker."""
     args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
                       dllm_fdfo=fdfo, max_running_requests=mrr, chunked_prefill_size=32,
-                      dllm_wavefront_size=wavefront)
+                      dllm_wavefront_size=wavefront, page_size=page_size)
     cfg = EngineConfig.resolve(args)
     wcfg = cfg.worker()
     mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
@@ -123,6 +125,7 @@ class FakeRunner:
 
     def __init__(self, block_size: int, num_pages: int, vocab: int = 16) -> None:
         self.block_size, self.page_size, self.num_pages = block_size, block_size, num_pages
+        self.max_requests, self.graph_max_blocks = 64, 0
         self.device = torch.device("cpu")
         self.vocab = vocab
         self.graphs = None
@@ -140,15 +143,18 @@ class FakeRunner:
                 token_ids: list[np.ndarray]) -> None:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))
 
-    def denoise_forward(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
-                        block_ids: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def capture_graphs(self, *args: Any) -> None:
+        pass
+
+    def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
+                        block_ids: torch.Tensor) -> DenoiseRun:
         entry = ("forward", list(slots), list(first_starts), list(num_blocks))
 
         def run() -> torch.Tensor:
             self.log.append(entry)
             return torch.zeros(block_ids.numel(), self.vocab)
 
-        return run
+        return DenoiseRun(run)
 
 
 def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True, mrr: int = 4,

@@ -274,3 +274,21 @@ def test_attention_tune_matches_the_default_launch() -> None:
     assert len(rows) == 2 and all("error" not in r for r in rows)
     assert all(r["max_abs_err"] < 0.05 and r["us"] > 0 for r in rows)
     assert (ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES) == before
+
+
+def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
+    """benchmarks/runtime_bench.py end to end (three engines of the built-in model): rows for
+    each setting, trace figures, and the FDFO / sync and W=2 / W=1 ratios."""
+    from benchmarks import runtime_bench
+
+    out = tmp_path / "runtime.json"
+    result = runtime_bench.main(["--suite", "default-heldout", "--device", "cpu",
+                                 "--w2-concurrency", "2", "--max-new-tokens", "32",
+                                 "--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text())["runs"] == result["runs"]
+    assert [r["setting"] for r in result["runs"]] == ["fdfo", "sync", "fdfo-w2"]
+    for run in result["runs"]:
+        assert run["concurrency"] == 2 and run["output_tokens"] > 0
+        assert run["forwards"] > 0 and 0 < run["busy_fraction"] <= 1.0
+    assert set(result["fdfo_over_sync"]) == {"default-heldout C=2"}
+    assert set(result["w2_over_w1"]) == {"default-heldout C=2"}

@@ -61,8 +61,11 @@ def test_fill_meta_pads_with_scratch_blocks() -> None:
 
 
 def runner_for(args: ServerArgs) -> tuple[ModelRunner, int]:
+    """A runner with its forward graphs captured (on CUDA; the worker would add its step)."""
     cfg = EngineConfig.resolve(args).worker().runner
-    return ModelRunner(cfg), cfg.mask_id
+    runner = ModelRunner(cfg)
+    runner.capture_graphs()
+    return runner, cfg.mask_id
 
 
 def make_runner(model_dir: Path, device: str = "cpu", **kw: object) -> tuple[ModelRunner, int]:
@@ -98,7 +101,7 @@ def test_static_forward_equals_eager(tiny_model_dir: Path) -> None:
         block_ids = ids.clone()
         ref = runner.eager_forward(slots, starts, blocks, block_ids)().clone()
         kv_before = [t.clone() for t in runner.kv.k]
-        out = graphs.prepare(slots, starts, blocks, block_ids)()  # type: ignore[misc]
+        out = graphs.prepare(slots, starts, blocks, block_ids).forward()  # type: ignore[union-attr]
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         assert torch.equal(out.argmax(-1), ref.argmax(-1))
         scratch = slice(runner.num_pages * K, (runner.num_pages + 1) * K)
@@ -108,18 +111,22 @@ def test_static_forward_equals_eager(tiny_model_dir: Path) -> None:
 
 
 @torch.inference_mode()
-def worker_tokens(model_dir: Path, static: bool) -> tuple[np.ndarray, list[int]]:
+def worker_tokens(model_dir: Path, static: bool, step: bool = False,
+                  ) -> tuple[np.ndarray, list[int]]:
     """Six worker iterations, FDFO, wavefront W=2, LowConfidence threshold 1 (one token a step)
     with every masked position counted as ready (tau 0): each request opens its second block
     after one step, so the layout changes while the forward loop runs."""
     runner, mask_id = make_runner(model_dir)
-    if static:
-        runner.graphs = uncaptured_graphs(runner, mask_id)
     algo = LowConfidence(LowConfidenceConfig(threshold=1.0), K, mask_id)
     algo.fused_predict = True
     mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.5,
                                                           token_threshold=0.0))
     worker = Worker(runner, algo, mode, report_every_s=0.0)
+    if static:  # the graphs' static forward (and step) run eagerly: no capture on the CPU
+        runner.graphs = DenoiseGraphs(
+            runner.model, runner.kv, runner.attn, K, 8, runner.model.config.vocab_size,
+            mask_id, runner.scratch_slot, ids=worker.storage.ids,
+            step=worker._graph_step if step else None, width=K + 5)
     items: list[AddPages | Admit] = [AddPages(slot, 0, p) for slot, p in enumerate(PAGES)]
     for slot, start in ((0, 64), (1, 32)):
         block = np.full((1, K), mask_id, dtype=np.int64)
@@ -137,9 +144,10 @@ def worker_tokens(model_dir: Path, static: bool) -> tuple[np.ndarray, list[int]]
 def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path) -> None:
     ref_ids, ref_widths = worker_tokens(tiny_model_dir, static=False)
     assert ref_widths == [2, 4, 4, 4, 4, 4]  # both requests opened a second block
-    ids, widths = worker_tokens(tiny_model_dir, static=True)
-    assert widths == ref_widths
-    np.testing.assert_array_equal(ids, ref_ids)
+    for step in (False, True):  # the step eager on the graph's logits / inside the "graph"
+        ids, widths = worker_tokens(tiny_model_dir, static=True, step=step)
+        assert widths == ref_widths
+        np.testing.assert_array_equal(ids, ref_ids)
 
 
 # ---- on the GPU: capture and replay ---------------------------------------------------------
@@ -158,7 +166,7 @@ def test_graph_replay_equals_eager(tiny_model_dir: Path) -> None:
     for slots, blocks, starts in (([0, 1], [2, 1], [64, 32]), ([1, 0], [1, 2], [32, 64]),
                                   ([1], [1], [32])):
         block_ids = ids[:sum(blocks)].clone()
-        replay = graphs.prepare(slots, starts, blocks, block_ids)().clone()  # type: ignore[misc]
+        replay = graphs.prepare(slots, starts, blocks, block_ids).forward().clone()  # type: ignore[union-attr]
         bucket = graphs.forwards[pick_bucket(sum(blocks), graphs.buckets)]  # type: ignore[index]
         eager_static = graphs._forward(bucket)[:replay.shape[0]]
         diff = (replay - eager_static).abs().max().item()
@@ -179,7 +187,7 @@ def test_capture_failure_runs_eagerly(tiny_model_dir: Path, monkeypatch: pytest.
     assert runner.graphs is None and "CUDA graph capture failed" in caplog.text
     ids = torch.full((1, K), mask_id, device="cuda")
     with torch.inference_mode():
-        logits = runner.denoise_forward([1], [32], [1], ids)()
+        logits = runner.prepare_denoise([1], [32], [1], ids).forward()
     assert logits.shape == (K, runner.model.config.vocab_size)
 
 
@@ -209,7 +217,7 @@ def test_llada2_mini_shape_graphs(tmp_path: Path) -> None:
         ids = torch.randint(0, 150000, (batch_size, K), device="cuda")
         ids[:, ::2] = mask_id
         slots, blocks = list(range(batch_size)), [1] * batch_size
-        replay = graphs.prepare(slots, starts, blocks, ids)().clone()  # type: ignore[misc]
+        replay = graphs.prepare(slots, starts, blocks, ids).forward().clone()  # type: ignore[union-attr]
         static = graphs.forwards[pick_bucket(batch_size, graphs.buckets)]  # type: ignore[index]
         eager_static = graphs._forward(static)[:replay.shape[0]]
         diff = (replay - eager_static).abs().max().item()

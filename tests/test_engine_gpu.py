@@ -33,7 +33,7 @@ def test_dummy_load_format_builds_from_config_alone(no_weights_dir: Path) -> Non
     weights = dict(model.named_parameters())
     assert all(torch.isfinite(p).all() for p in weights.values())
     assert weights["model.layers.0.input_layernorm.weight"].eq(1).all()
-    assert weights["model.word_embeddings.weight"].std() > 0.01
+    assert weights["model.embed_tokens.weight"].std() > 0.01
     with pytest.raises(FileNotFoundError, match="safetensors"):
         ModelRunner(EngineConfig.resolve(args.replace(load_format="auto")).worker().runner)
     with pytest.raises(ValueError, match="--load-format"):

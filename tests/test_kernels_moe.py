@@ -18,6 +18,8 @@ ROUTINGS = {
     "tiny": (8, RoutingParams(2, "sigmoid", 4, 2, True, 2.5)),
     "groups": (32, RoutingParams(4, "sigmoid", 4, 2, True, 2.5)),
     "softmax": (16, RoutingParams(3, "softmax", 0, 0, False, 1.0)),
+    # Qwen3-MoE / SDAR-30B-A3B: softmax over 128 experts, top-8, renormalised
+    "qwen3-moe": (128, RoutingParams(8, "softmax", 0, 0, True, 1.0)),
 }
 
 

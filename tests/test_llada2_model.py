@@ -96,7 +96,7 @@ def test_bf16_model_close_to_fp32(tiny_model_dir, model_fp32, tokens) -> None:
     model = load_model(ModelConfig.load(tiny_model_dir), torch.bfloat16, torch.device("cpu"))
     assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32
     assert model.model.layers[1].mlp.gate.expert_bias.dtype == torch.float32
-    assert model.model.word_embeddings.weight.dtype == torch.bfloat16
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     kv, attn = make_cache(model.kv_spec(), 1, SEQ_LEN, BLOCK, dtype=torch.bfloat16)
     logits = run(model, [Segment(0, 0, tokens)], kv, attn)
     kv32, attn32 = make_cache(model_fp32.kv_spec(), 1, SEQ_LEN, BLOCK)
@@ -115,7 +115,7 @@ def test_interface(model_fp32) -> None:
 def test_tied_embeddings_model(tmp_path) -> None:
     path = build_tiny_checkpoint(tmp_path, tie_word_embeddings=True, num_hidden_layers=2)
     model = load_model(ModelConfig.load(path), torch.float32, torch.device("cpu"))
-    assert model.lm_head.weight is model.model.word_embeddings.weight
+    assert model.lm_head.weight is model.model.embed_tokens.weight
     ids = list(range(2 * BLOCK))
     kv, attn = make_cache(model.kv_spec(), 1, len(ids), BLOCK)
     logits = run(model, [Segment(0, 0, ids)], kv, attn)

@@ -49,9 +49,16 @@ def test_every_tensor_lands_in_its_slot(tiny_model_dir) -> None:
                                            w["model.layers.0.mlp.up_proj.weight"]]))
     shared = params["model.layers.1.mlp.shared_experts.gate_up_proj.weight"]
     assert torch.equal(shared[inter:], w["model.layers.1.mlp.shared_experts.up_proj.weight"])
-    for name in ("model.layers.1.attention.query_key_value.weight", "model.norm.weight",
-                 "model.layers.2.mlp.gate.expert_bias", "lm_head.weight"):
+    for name in ("model.norm.weight", "model.layers.2.mlp.gate.expert_bias", "lm_head.weight"):
         assert torch.equal(params[name], w[name])
+    renamed = {"model.embed_tokens.weight": "model.word_embeddings.weight",
+               "model.layers.1.self_attn.qkv_proj.weight":
+                   "model.layers.1.attention.query_key_value.weight",
+               "model.layers.1.self_attn.q_norm.weight":
+                   "model.layers.1.attention.query_layernorm.weight",
+               "model.layers.1.self_attn.o_proj.weight": "model.layers.1.attention.dense.weight"}
+    for ours, hf in renamed.items():
+        assert torch.equal(params[ours], w[hf])
     assert not any(p.requires_grad for p in model.parameters())
     assert not model.training
 
@@ -144,7 +151,7 @@ def test_tied_lm_head(tmp_path) -> None:
     path = build_tiny_checkpoint(tmp_path / "tied", tie_word_embeddings=True)
     assert "lm_head.weight" not in load_file(str(path / "model.safetensors"))
     model = load(path)
-    assert model.lm_head.weight is model.model.word_embeddings.weight
+    assert model.lm_head.weight is model.model.embed_tokens.weight
 
     def add_same(t: Tensors) -> None:
         t["lm_head.weight"] = t["model.word_embeddings.weight"].clone()
@@ -167,7 +174,7 @@ def test_config_variants_load(tmp_path) -> None:
     assert not any("query_layernorm" in n or "key_layernorm" in n for n in names)
     assert not any("shared_experts" in n for n in names)
     model = load(path)
-    assert model.model.layers[0].attention.dense.bias is not None
+    assert model.model.layers[0].self_attn.o_proj.bias is not None
 
 
 def test_unknown_architecture_lists_known(tiny_model_dir, tmp_path) -> None:

@@ -215,3 +215,26 @@ def test_max_new_tokens_zero_prefills_only() -> None:
     assert [x[0] for x in engine.worker.runner.log] == ["prefill"]  # type: ignore[attr-defined]
     assert isinstance(next(x for x in engine.sent if not isinstance(x, AddPages)), Prefill)
     assert engine.sched.alloc.stats()["free_pages"] == 64
+
+
+def test_a_block_turnover_rewrites_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FDFO W=1: a request's finished block is replaced by its next block in the same row
+    (no gather of the other rows); only a change in the set of requests rebuilds."""
+    from dllm_serve.managers import resident_batch
+
+    calls = {"renew": 0, "rebuild": 0}
+    renew, same = resident_batch.ResidentBatch._renew, resident_batch._same_shape
+
+    def counting_same(*a):  # type: ignore[no-untyped-def]
+        ok = same(*a)
+        calls["renew" if ok else "rebuild"] += 1
+        return ok
+
+    monkeypatch.setattr(resident_batch, "_same_shape", counting_same)
+    e = scripted_engine(mrr=4, need=lambda s: 3 + (s // K) % 2)
+    for i in range(4):
+        e.submit(f"r{i}", prompt(2 + i), max_new_tokens=6 * K, ignore_eos=True)
+    outs = e.run()
+    assert all(o[-1].completion_tokens == 6 * K for o in outs.values())
+    assert renew is resident_batch.ResidentBatch._renew
+    assert calls["renew"] >= 5 and calls["rebuild"] <= 3, calls  # rebuilt: start, finishes

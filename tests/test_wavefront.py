@@ -19,6 +19,7 @@ from dllm_serve.dllm.modes import RoundMode, plan
 from dllm_serve.dllm.wavefront import WavefrontConfig, earlier_block_changed, readiness
 from dllm_serve.managers.messages import AbortReq, AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker
+from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.runner import ModelRunner
 
 M, V = 9, 10
@@ -87,6 +88,7 @@ class ScriptedLogits:
 
     def __init__(self, p: float) -> None:
         self.block_size, self.page_size, self.p = 2, 2, p
+        self.max_requests, self.graph_max_blocks = 4, 0
         self.device = torch.device("cpu")
         self.graphs = None
         self.layouts: list[list[int]] = []
@@ -94,12 +96,15 @@ class ScriptedLogits:
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         pass
 
-    def denoise_forward(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]
+    def capture_graphs(self, *args: object) -> None:
+        pass
+
+    def prepare_denoise(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]
         def run() -> torch.Tensor:
             self.layouts.append(list(num_blocks))
             return logits_for([[1, 2]] * block_ids.shape[0], self.p)
 
-        return run
+        return DenoiseRun(run)
 
 
 def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order() -> None:

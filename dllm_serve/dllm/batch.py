@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dllm_serve.utils.device import to_device
+
 
 @dataclass
 class DenoiseBatch:
@@ -21,9 +23,12 @@ class DenoiseBatch:
 
     Per request (B of them, host): num_blocks, first_starts (absolute position of the leftmost
     active block), temperatures (0 = greedy), top_ps, seeds, top_ks and min_ps (empty: off for
-    every request); params: per-request values (B,) on the device of the settings a request may
-    override. Per block (host): block_steps (N,),
-    forwards each block has had since it opened (the step being taken not counted).
+    every request); params: per-request values (B,) on
+    the device of the settings a request may override (indexed through row_req). Per block
+    (host): block_steps (N,), forwards each block has had since it opened (the step being taken
+    not counted); (device) row_req, row_start, row_seed: its request, position and seed.
+    The worker makes a new DenoiseBatch whenever its rows change and steps the same one until
+    then.
     """
 
     block_ids: torch.Tensor
@@ -35,8 +40,16 @@ class DenoiseBatch:
     params: dict[str, torch.Tensor]
     block_steps: np.ndarray
     _row_req: torch.Tensor | None = field(default=None, repr=False)
+    _row_start: torch.Tensor | None = field(default=None, repr=False)
+    _row_seed: torch.Tensor | None = field(default=None, repr=False)
     top_ks: list[int] = field(default_factory=list)
     min_ps: list[float] = field(default_factory=list)
+
+    def bind_rows(self, row_req: torch.Tensor, row_start: torch.Tensor,
+                  row_seed: torch.Tensor) -> None:
+        """Use these device tensors (N,) as row_req / row_start / row_seed (the worker's
+        static buffers) instead of building them from the host lists."""
+        self._row_req, self._row_start, self._row_seed = row_req, row_start, row_seed
 
     @property
     def size(self) -> int:
@@ -54,10 +67,25 @@ class DenoiseBatch:
     def row_req(self) -> torch.Tensor:
         """(N,) int64 on the device: the request of each block row."""
         if self._row_req is None:
-            counts = torch.as_tensor(self.num_blocks, device=self.block_ids.device)
-            self._row_req = torch.repeat_interleave(
-                torch.arange(len(self.num_blocks), device=self.block_ids.device), counts)
+            rows = np.repeat(np.arange(len(self.num_blocks)), self.num_blocks)
+            self._row_req = to_device(rows.astype(np.int64), self.block_ids.device)
         return self._row_req
+
+    @property
+    def row_start(self) -> torch.Tensor:
+        """(N,) int64 on the device: the absolute position of each block."""
+        if self._row_start is None:
+            self._row_start = to_device(np.array(self.block_starts(), dtype=np.int64),
+                                        self.block_ids.device)
+        return self._row_start
+
+    @property
+    def row_seed(self) -> torch.Tensor:
+        """(N,) int64 on the device: the sampling seed of each block's request."""
+        if self._row_seed is None:
+            seeds = np.array([self.seeds[b] for b in self.row_requests()], dtype=np.int64)
+            self._row_seed = to_device(seeds, self.block_ids.device)
+        return self._row_seed
 
     def row_requests(self) -> list[int]:
         """Host copy of row_req."""

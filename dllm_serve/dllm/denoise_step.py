@@ -39,15 +39,19 @@ class StepSpec:
 
 
 def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
-                 state: State | None, spec: StepSpec) -> tuple[torch.Tensor, list[int]]:
-    """logits (N * K, V) -> (readout (N, K + 5) int64, requests whose step raised)."""
+                 state: State | None, spec: StepSpec, isolate: bool = True,
+                 ) -> tuple[torch.Tensor, list[int]]:
+    """logits (N * K, V) -> (readout (N, K + 5) int64, requests whose step raised).
+    isolate=False (a step being captured in a CUDA graph): an exception propagates."""
     ids = batch.block_ids
     before = ids.clone()
-    saved = None if state is None else {k: v.clone() for k, v in state.items()}
+    saved = None if state is None or not isolate else {k: v.clone() for k, v in state.items()}
     failed: list[int] = []
     try:
         out = algo.step(batch, logits, state)
     except Exception:
+        if not isolate:
+            raise
         logger.exception("the decoding step raised; stepping request by request")
         out, failed = step_each_request(algo, batch, logits, state, before, saved)
     ready = torch.zeros_like(out.done)

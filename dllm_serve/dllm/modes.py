@@ -39,14 +39,18 @@ class Plan:
 
 
 def plan(mode: RoundMode, leading: np.ndarray, num_blocks: np.ndarray, frontier_ready: np.ndarray,
-         can_open: np.ndarray) -> Plan:
+         can_open: np.ndarray, batch_done: bool | None = None) -> Plan:
     """leading (B,): converged blocks at the start of each request's window; num_blocks (B,);
     frontier_ready (B,): the frontier block is ready to spawn; can_open (B,): a block after the
-    frontier fits (pages mapped, below max_end) and the request goes on."""
+    frontier fits (pages mapped, below max_end) and the request goes on. batch_done (sync):
+    every request of the batch has a converged leftmost block (default: judged from these B
+    requests, when they are the whole batch)."""
+    if batch_done is None:
+        batch_done = bool(len(leading)) and bool((leading > 0).all())
     if mode.fdfo:
         retire, boundary = leading.copy(), False
     else:
-        boundary = bool(len(leading)) and bool((leading > 0).all())
+        boundary = batch_done
         retire = leading.copy() if boundary else np.zeros_like(leading)
     left = num_blocks - retire
     empty = (left == 0) & can_open

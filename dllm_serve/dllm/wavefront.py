@@ -50,8 +50,7 @@ def earlier_block_changed(changed: torch.Tensor, row_req: torch.Tensor) -> torch
     is the running count minus the count at the request's first row.
     """
     count = changed.long().cumsum(0) - changed.long()  # changed blocks strictly before each row
-    first = torch.zeros_like(row_req, dtype=torch.bool)
-    first[0] = True
+    first = torch.ones_like(row_req, dtype=torch.bool)  # no host scalars: graph-capturable
     first[1:] = row_req[1:] != row_req[:-1]
     base = torch.cummax(torch.where(first, count, 0), 0).values
     return count - base > 0

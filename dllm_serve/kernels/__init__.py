@@ -9,7 +9,7 @@
   `DllmAlgorithm.predict`'s torch path.
 - norm, rope, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial RoPE, and
   the K/V store into the paged cache (`layers.fused.set_kernel_backend(model, "triton")`, and
-  the Triton attention's store); oracles `layers.norm`, `LLaDA2Attention.norm_rope`,
+  the Triton attention's store); oracles `layers.norm`, `SelfAttention.norm_rope`,
   `AttentionBackend.store`.
 
 Importing this package registers the "triton" backends. Kernels run compiled on CUDA, or in

@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2, to_device
+from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
+from dllm_serve.utils.device import to_device
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows (tokens x grouped heads) per tile

@@ -1,6 +1,7 @@
 """Fused per-head RMSNorm + partial NeoX RoPE on q and k, in place (QK_ROPE_KERNELS "triton").
 
-Oracle: `LLaDA2Attention.norm_rope`'s plain path (RMSNorm of each head, then `apply_rotary`).
+Oracle: `models.decoder.SelfAttention.norm_rope`'s plain path (RMSNorm of each head, then
+`apply_rotary`).
 Each program takes ROWS tokens x every head: the head's fp32 statistics, the normalised value
 cast to the input dtype times its weight (q heads use the q weight, k heads the k weight), then
 the rotation of dims [0, R) in fp32 with the model's cos/sin tables, rounded once. The partner

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
 CPU_NUM_SMS = 2  # a stand-in SM count under the interpreter (only shapes the launch grid)
@@ -45,11 +44,3 @@ def floor_pow2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """One host-to-device copy that does not wait for the device (pinned staging on CUDA)."""
-    t = torch.from_numpy(array)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)

@@ -1,6 +1,10 @@
-"""Mixture-of-experts: the router (grouped top-k), stacked expert weights, reference compute.
+"""Mixture-of-experts: the router (grouped top-k), stacked expert weights, reference compute,
+and the sparse MoE block of a decoder layer.
 
 `route` and `moe_reference` are the plain-PyTorch oracles that fused kernels are tested against.
+Two routings are in use: LLaDA2's (sigmoid scores, an expert bias for selection only,
+group-limited top-k, renormalised, scaled, plus a shared expert) and Qwen3-MoE's, which SDAR-MoE
+keeps (softmax over all experts, top-k, renormalised when `norm_topk_prob`, no shared expert).
 Expert weights are stacked: `w13` (E, 2I, hidden) holds each expert's gate rows over its up
 rows, `w2` (E, hidden, I) its down projection. How routed experts are computed is a backend
 chosen by name (`MOE_BACKENDS`: "torch" and "dense" here, "triton" in dllm_serve.kernels), set on
@@ -16,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm_serve.layers.mlp import swiglu
+from dllm_serve.layers.mlp import SwiGLUMLP, swiglu
 from dllm_serve.utils.registry import Registry
 
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
@@ -178,3 +182,26 @@ def set_moe_backend(model: nn.Module, name: str) -> None:
     for module in model.modules():
         if isinstance(module, Experts):
             module.backend = name
+
+
+class SparseMoeBlock(nn.Module):
+    """A decoder layer's MoE: routed experts weighted by the router, plus shared experts
+    (unweighted) when `shared_intermediate` > 0. HF names: `gate` (the router, with
+    `expert_bias` when asked), `experts` (stacked), `shared_experts`."""
+
+    def __init__(self, hidden_size: int, num_experts: int, intermediate_size: int,
+                 routing: RoutingParams, expert_bias: bool, router_fp32: bool,
+                 shared_intermediate: int = 0) -> None:
+        super().__init__()
+        self.routing = routing
+        self.gate = Router(hidden_size, num_experts, expert_bias, router_fp32)
+        self.experts = Experts(num_experts, hidden_size, intermediate_size)
+        self.shared_experts = (SwiGLUMLP(hidden_size, shared_intermediate)
+                               if shared_intermediate else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, hidden) -> (T, hidden)."""
+        y = self.experts(x, self.gate(x), self.gate.expert_bias, self.routing)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y

@@ -44,7 +44,7 @@ from dllm_serve.mem.allocator import KVAllocator
 
 logger = logging.getLogger(__name__)
 
-LOOKAHEAD_BLOCKS = 2  # blocks mapped past the window the worker may open
+LOOKAHEAD_BLOCKS = 4  # blocks mapped past the window the worker may open (topped up at half)
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,15 @@ class Scheduler:
                            dict(p.dllm), np.array(sorted(stop), dtype=np.int64),
                            top_k=p.top_k, min_p=p.min_p)
 
+    def _top_up(self, req: Req) -> None:
+        """Map pages ahead again once fewer than half the lookahead blocks are left (so a page
+        message goes out every few blocks, not after each)."""
+        assert req.holding is not None
+        k = self.config.block_size
+        ahead = len(req.holding.pages) * self.config.page_size - req.committed_len
+        if ahead < (self.config.mapped_blocks - LOOKAHEAD_BLOCKS // 2) * k:
+            self._map(req, req.committed_len + self.config.mapped_blocks * k)
+
     def _map(self, req: Req, end: int) -> None:
         """Map the request's pages up to min(end, max_end) on the worker (new pages only)."""
         assert req.holding is not None
@@ -272,8 +281,7 @@ class Scheduler:
             req.forward_steps = req.prefill_forwards + req.denoise_steps
             self._commit(req, r.ids[i])
             if not req.finished:
-                self._map(req, req.committed_len + self.config.mapped_blocks
-                          * self.config.block_size)
+                self._top_up(req)
 
     def _preempted(self, pre: Preempted) -> None:
         req = self.running.get(pre.uid)

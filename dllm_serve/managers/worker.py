@@ -44,7 +44,9 @@ from dllm_serve.managers.messages import (
 from dllm_serve.managers.readback import Pending, Readback
 from dllm_serve.managers.resident_batch import Block, DeviceReq, Layout, ResidentBatch
 from dllm_serve.managers.round_trace import Tracer
-from dllm_serve.model.runner import Forward, ModelRunner
+from dllm_serve.managers.row_storage import RowStorage
+from dllm_serve.model.denoise_run import DenoiseRun
+from dllm_serve.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class Launch:
 class Report:
     """Results gathered since the last report (see WorkerReport)."""
 
-    retired: list[tuple[DeviceReq, Block]] = field(default_factory=list)
+    retired: list[tuple[int, Block, int]] = field(default_factory=list)  # uid, block, forwards
     msg: WorkerReport = field(default_factory=WorkerReport)
 
 
@@ -75,17 +77,23 @@ class Worker:
                  tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S) -> None:
         self.runner, self.algo, self.mode = runner, algo, mode
         self.k = runner.block_size
-        self.batch = ResidentBatch(algo, runner.device, self.k)
         tau = mode.wavefront.token_threshold
         self.spec = StepSpec(mode.wavefront.size > 1,
                              algo.readiness_threshold() if tau is None else tau,
                              mode.wavefront.spawn_threshold)
+        algo.bind_device(runner.device)
+        rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
+        self.storage = RowStorage(algo, rows, self.k, runner.device)
+        self.batch = ResidentBatch(algo, self.storage)
+        runner.capture_graphs(self.storage.ids, self._graph_step if algo.graph_safe else None,
+                              self.k + len(FLAGS))
         self.readback = Readback(runner.device)
         self.tracer = tracer
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
-        self.waiting: list[DeviceReq] = []  # sync: admitted, joining at the next boundary
+        self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
+        self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
         self.inflight: Launch | None = None
-        self.forward: Forward | None = None
+        self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
         self.report = Report()
         self.report_every_s = report_every_s
@@ -139,7 +147,8 @@ class Worker:
     def admit(self, msg: Admit) -> None:
         n = len(msg.blocks)
         blocks = [Block(msg.first_start + i * self.k, init_ids=msg.blocks[i].copy(),
-                        init_state=msg.states[i], steps=msg.block_steps[i]) for i in range(n)]
+                        init_state=msg.states[i], init_steps=msg.block_steps[i])
+                  for i in range(n)]
         self.waiting.append(DeviceReq(msg.uid, msg.slot, msg.settings,
                                       msg.first_start + n * self.k, blocks))
 
@@ -158,7 +167,8 @@ class Worker:
         ids, states = (self.batch.host_rows(req) if req.blocks
                        else (np.zeros((0, self.k), np.int64), []))
         self.report.msg.preempted.append(Preempted(
-            uid, req.first_start, ids, states, [b.steps for b in req.blocks], req.forwards))
+            uid, req.first_start, ids, states, [self.batch.steps(b) for b in req.blocks],
+            self.batch.forwards(req)))
         self._remove(req)
 
     def _remove(self, req: DeviceReq) -> None:
@@ -181,76 +191,93 @@ class Worker:
         layout = self.batch.layout()
         if layout is not self.prepared:
             b = layout.batch
-            self.forward = self.runner.denoise_forward(
+            self.run = self.runner.prepare_denoise(
                 [r.slot for r in layout.reqs], b.first_starts, b.num_blocks, b.block_ids)
             self.prepared = layout
-        assert self.forward is not None
-        forward = self.forward
-        readout, failed = self._trace("denoise", lambda: denoise_step(
-            self.algo, layout.batch, forward(), layout.state, self.spec), len(layout.rows))
-        self._count(layout)
-        return Launch(layout, [b.steps for b in layout.rows], self.readback.start(readout),
-                      [layout.reqs[i] for i in failed])
-
-    def _count(self, layout: Layout) -> None:
-        msg = self.report.msg
-        msg.forwards += 1
-        msg.block_steps += len(layout.rows)
-        for block in layout.rows:
-            msg.idle_block_steps += int(0 < block.final_step <= block.steps)
-            block.steps += 1
+        assert self.run is not None
+        run = self.run
+        if run.step is not None and not layout.batch.sampled:  # one graph: forward + step
+            readout, failed = self._trace("denoise", run.step, len(layout.rows)), []
+        else:
+            readout, failed = self._trace("denoise", lambda: denoise_step(
+                self.algo, layout.batch, run.forward(), layout.state, self.spec),
+                len(layout.rows))
         layout.batch.block_steps += 1
-        for req in layout.reqs:
-            req.forwards += 1
+        layout.launches += 1
+        self.report.msg.forwards += 1
+        self.report.msg.block_steps += len(layout.rows)
+        return Launch(layout, layout.steps.copy(), self.readback.start(readout),
+                      [layout.reqs[i] for i in failed])
 
     # ---- results --------------------------------------------------------------------------
 
     def collect(self, launch: Launch) -> None:
-        """Read step k back: refresh each block's flags, fail what must fail, then retire and
-        open blocks as the mode says."""
+        """Read step k back: refresh the flags of the blocks it says something new about, fail
+        what must fail, then retire and open blocks as the mode says."""
         t0 = time.monotonic()
         data = launch.readout.get()
         self.wait_s += time.monotonic() - t0
         for req in launch.failed:
             self.fail(req, "the decoding algorithm raised an error while stepping this request")
+        k = self.k
+        notable = (data[:, k + CONVERGED] | data[:, k + BAD]) > 0
+        notable |= launch.steps >= self.max_steps
+        if self.spec.wavefront:  # readiness, and blocks reopened when an earlier one changed
+            notable[:] = True
         rows, owners = launch.layout.rows, launch.layout.owners
-        for i, block in enumerate(rows):
-            if block.alive:
-                self._refresh(block, owners[i], data[i], launch.steps[i])
+        for i in np.flatnonzero(notable).tolist():
+            if rows[i].alive:
+                self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
         self._advance()
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k
-        block.ids = row[:k].copy()
-        block.converged = bool(row[k + CONVERGED])
+        converged = bool(row[k + CONVERGED])
+        if converged and not block.converged:  # its final forward is the one after this step
+            block.final_step = steps + 1
+            block.ids, block.edits = row[:k].copy(), int(row[k + EDITS])
+        block.converged = converged
         block.ready = bool(row[k + READY])
-        block.edits = int(row[k + EDITS])
-        block.final_step = steps + 1 if block.converged else 0
         if row[k + BAD]:
             self.fail(req, "the model produced non-finite logits for this request")
         elif not block.converged and steps >= self.max_steps:
             self.fail(req, f"a block did not converge within {self.max_steps} steps")
 
     def _advance(self) -> None:
+        """Retire and open blocks. Only requests where something can happen are planned: a
+        converged leftmost block, a ready frontier, or (sync) a batch that is all done."""
         active = [r for r in self.batch.reqs.values() if r.blocks]
-        leading = np.array([_leading(r.blocks) for r in active], dtype=np.int64)
-        p = plan(self.mode, leading, np.array([len(r.blocks) for r in active], dtype=np.int64),
-                 np.array([r.blocks[-1].ready for r in active], dtype=bool),
-                 np.array([self._can_open(r) for r in active], dtype=bool))
+        if self.mode.fdfo:
+            cands = [r for r in active if r.blocks[0].converged or r.blocks[-1].ready]
+            done = False
+        else:
+            done = bool(active) and all(r.blocks[0].converged for r in active)
+            cands = active if done else [r for r in active if r.blocks[-1].ready]
+        if not cands:
+            self.boundary = not active
+            return
+        p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
+                 np.array([len(r.blocks) for r in cands], dtype=np.int64),
+                 np.array([r.blocks[-1].ready for r in cands], dtype=bool),
+                 np.array([self._can_open(r) for r in cands], dtype=bool), done)
         if p.retire.any():
             self.report.msg.rounds += 1
-        for req, count, opens in zip(active, p.retire.tolist(), p.open.tolist(), strict=True):
+        for req, count, opens in zip(cands, p.retire.tolist(), p.open.tolist(), strict=True):
             if count and not self._retire(req, count):
                 continue
             if opens:
                 self.batch.open_block(req)
+            elif not req.blocks:
+                self.parked.append(req)  # its next block's pages are not mapped yet
         self.boundary = p.boundary or not active
 
     def _retire(self, req: DeviceReq, count: int) -> bool:
         """Retire and report the request's leading blocks; False if it is over (a stop token
         or max_end: the worker forgets it, the scheduler finishes it on the report)."""
+        forwards = self.batch.forwards(req)
         for block in self.batch.retire(req, count):
-            self.report.retired.append((req, block))
+            self.report.msg.idle_block_steps += self.batch.steps(block) - block.final_step
+            self.report.retired.append((req.uid, block, forwards))
             if self._stops(req, block):
                 self.batch.drop(req)
                 return False
@@ -276,9 +303,12 @@ class Worker:
         for req in self.waiting:
             self.batch.add(req)
         self.waiting = []
-        for req in list(self.batch.reqs.values()):
-            if not req.blocks and self._can_open(req):
+        parked, self.parked = self.parked, []
+        for req in parked:
+            if req.alive and not req.blocks and self._can_open(req):
                 self.batch.open_block(req)
+            elif req.alive and not req.blocks:
+                self.parked.append(req)
         self.boundary = False
 
     # ---- reports ------------------------------------------------------------------------
@@ -291,12 +321,19 @@ class Worker:
                 or (self.idle and (msg.forwards or msg.prefills))):
             return None
         if rep.retired:
-            msg.retired = _retired(rep.retired, self.k)
+            msg.retired = _retired(rep.retired)
         self.report, self.last_report = Report(), now
         return msg
 
     def _trace(self, kind: str, fn, rows: int = 0):  # type: ignore[no-untyped-def]
         return fn() if self.tracer is None else self.tracer.run(kind, fn, rows)
+
+    def _graph_step(self, bucket: int, logits: torch.Tensor) -> torch.Tensor:
+        """The greedy step over storage rows [0, bucket), as captured after the forward."""
+        _, state = self.storage.views(bucket)
+        readout, _ = denoise_step(self.algo, self.storage.graph_batch(bucket), logits, state,
+                                  self.spec, isolate=False)
+        return readout
 
 
 def _leading(blocks: list[Block]) -> int:
@@ -307,11 +344,11 @@ def _leading(blocks: list[Block]) -> int:
     return n
 
 
-def _retired(items: list[tuple[DeviceReq, Block]], k: int) -> Retired:
+def _retired(items: list[tuple[int, Block, int]]) -> Retired:
     return Retired(
-        uids=np.array([r.uid for r, _ in items], dtype=np.int64),
-        starts=np.array([b.start for _, b in items], dtype=np.int64),
-        ids=np.stack([b.ids for _, b in items]).astype(np.int64),
-        forwards=np.array([b.final_step for _, b in items], dtype=np.int64),
-        edits=np.array([b.edits for _, b in items], dtype=np.int64),
-        req_forwards=np.array([r.forwards for r, _ in items], dtype=np.int64))
+        uids=np.array([uid for uid, _, _ in items], dtype=np.int64),
+        starts=np.array([b.start for _, b, _ in items], dtype=np.int64),
+        ids=np.stack([b.ids for _, b, _ in items]).astype(np.int64),
+        forwards=np.array([b.final_step for _, b, _ in items], dtype=np.int64),
+        edits=np.array([b.edits for _, b, _ in items], dtype=np.int64),
+        req_forwards=np.array([f for _, _, f in items], dtype=np.int64))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dllm_serve.utils.device import to_device
+
 
 class KVCache:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
@@ -33,8 +35,8 @@ class KVCache:
         if end > self.max_pages_per_req:
             raise ValueError(f"request needs {end} pages, the table holds "
                              f"{self.max_pages_per_req}")
-        dev = self.req_to_page.device
-        self.req_to_page[slot, first:end] = torch.as_tensor(pages, dtype=torch.int64).to(dev)
+        self.req_to_page[slot, first:end] = to_device(np.asarray(pages, dtype=np.int64),
+                                                      self.req_to_page.device)
 
     def slots(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slot of each absolute position; req_slots and positions broadcast together."""

@@ -28,6 +28,7 @@ from torch import nn
 from dllm_serve.kernels.runtime import cdiv
 from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
+from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.graph_layout import MetaLayout, fill_meta, graph_buckets, pick_bucket
 
@@ -36,23 +37,35 @@ logger = logging.getLogger(__name__)
 WARMUP_RUNS = 2
 
 
+Step = Callable[[int, torch.Tensor], torch.Tensor]  # (bucket, logits) -> readout (bucket, W)
+
+
 @dataclass
 class StaticForward:
-    """One bucket: its ForwardBatch over the static buffers, and its graph once captured."""
+    """One bucket: its ForwardBatch over the static buffers, and its graphs once captured
+    (the forward; the forward + step)."""
 
     blocks: int
     fb: ForwardBatch
     token_slot: torch.Tensor  # (T_pad,) request slot of each token
     graph: torch.cuda.CUDAGraph | None = None
+    step_graph: torch.cuda.CUDAGraph | None = None
 
     @property
     def tokens(self) -> int:
         return self.fb.num_tokens
 
 
+
+
 class DenoiseGraphs:
     def __init__(self, model: nn.Module, kv: KVCache, attn: TritonAttention, block_size: int,
-                 max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int) -> None:
+                 max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int,
+                 ids: torch.Tensor | None = None, step: Step | None = None,
+                 width: int = 0) -> None:
+        """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
+        storage); default: a buffer of the graphs' own. step: the greedy step to run after the
+        forward, (bucket, logits) -> readout (bucket, width)."""
         self.model, self.kv, self.attn = model, kv, attn
         self.pad_id, self.scratch_slot = pad_id, scratch_slot
         self.buckets = graph_buckets(max_blocks)
@@ -62,9 +75,14 @@ class DenoiseGraphs:
         self.host = torch.zeros(self.layout.size, dtype=torch.int64, pin_memory=pin)
         self.meta = torch.zeros(self.layout.size, dtype=torch.int64, device=dev)
         self.copied: torch.cuda.Event | None = None  # the last metadata copy (host buffer busy)
-        self.ids = torch.full((self.layout.max_tokens,), pad_id, dtype=torch.int64, device=dev)
+        if ids is None:
+            ids = torch.full((max_blocks, block_size), pad_id, dtype=torch.int64, device=dev)
+        assert ids.shape[0] >= max_blocks and ids.is_contiguous()
+        self.ids = ids.view(-1)
         self.logits = torch.zeros(self.layout.max_tokens, vocab_size, dtype=torch.float32,
                                   device=dev)
+        self.step = step
+        self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
         self.forwards = {b: self._static_forward(b) for b in self.buckets}
         self.captured = False
 
@@ -89,10 +107,10 @@ class DenoiseGraphs:
     # ---- per forward ---------------------------------------------------------------------
 
     def prepare(self, req_slots: list[int], first_starts: list[int], num_blocks: list[int],
-                block_ids: torch.Tensor) -> Callable[[], torch.Tensor] | None:
-        """The forward over the active blocks `block_ids` (N, K) (their pages mapped), or None
-        when no bucket holds N blocks. Each call returns logits (N * K, V) fp32, valid until
-        the next call."""
+                block_ids: torch.Tensor) -> DenoiseRun | None:
+        """The run over the active blocks `block_ids` (N, K) (their pages mapped), or None
+        when no bucket holds N blocks. forward() returns logits (N * K, V) fp32 and step() the
+        readout (N, width), each valid until the next call."""
         n = block_ids.shape[0]
         bucket = pick_bucket(n, self.buckets)
         if bucket is None:
@@ -101,13 +119,22 @@ class DenoiseGraphs:
         self._fill(bucket, req_slots, first_starts, num_blocks)
         t = n * self.layout.block_size
         self.ids[t:static.tokens].fill_(self.pad_id)
+        resident = block_ids.data_ptr() == self.ids.data_ptr()
 
-        def run() -> torch.Tensor:
-            self.ids[:t].copy_(block_ids.view(-1))
+        def forward() -> torch.Tensor:
+            if not resident:
+                self.ids[:t].copy_(block_ids.view(-1))
             self._run(static)
             return self.logits[:t]
 
-        return run
+        def step() -> torch.Tensor:
+            if static.step_graph is not None:
+                static.step_graph.replay()
+            else:
+                self._forward_step(static, bucket)
+            return self.readout[:n]
+
+        return DenoiseRun(forward, step if self.step is not None and resident else None)
 
     def _fill(self, bucket: int, req_slots: list[int], first_starts: list[int],
               num_blocks: list[int]) -> None:
@@ -137,24 +164,55 @@ class DenoiseGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket's graph (largest first) after warm-up runs; raises on failure
-        (the caller falls back to eager forwards)."""
+        """Capture every bucket's graphs (largest first) after warm-up runs: the forward, and
+        with a step the forward followed by the step. Raises on failure (the caller falls back
+        to eager forwards)."""
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         for bucket in sorted(self.buckets, reverse=True):
             static = self.forwards[bucket]
             self._fill(bucket, [], [], [])  # all pad blocks: writes go to the scratch page
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    self._forward(static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=side):  # the warmed-up stream
-                self._forward(static)
-            static.graph = graph
+            static.graph = self._capture(lambda s=static: self._forward(s), pool, side)
+        if self.step is not None:
+            self._capture_steps(pool, side)
         torch.cuda.synchronize()
         self.captured = True
-        logger.info("captured %d CUDA graphs (buckets %s blocks) in %.1f s", len(self.buckets),
-                    self.buckets, time.perf_counter() - start)
+        logger.info("captured %d CUDA graphs (buckets %s blocks%s) in %.1f s",
+                    len(self.buckets) * (2 if self.step else 1), self.buckets,
+                    ", forward and forward + step" if self.step else "",
+                    time.perf_counter() - start)
+
+    def _capture_steps(self, pool: object, side: torch.cuda.Stream) -> None:
+        """The forward + step graphs; if the step cannot be captured, warn and keep only the
+        forward graphs (the step then runs eagerly on their logits)."""
+        try:
+            for bucket in sorted(self.buckets, reverse=True):
+                static = self.forwards[bucket]
+                self._fill(bucket, [], [], [])
+                static.step_graph = self._capture(
+                    lambda s=static, b=bucket: self._forward_step(s, b), pool, side)
+        except Exception as e:
+            logger.warning("the decoding step could not be captured in a CUDA graph (%s: %s); "
+                           "it runs eagerly after the forward graphs", type(e).__name__, e)
+            torch.cuda.synchronize()
+            self.step = None
+            for static in self.forwards.values():
+                static.step_graph = None
+
+    def _forward_step(self, static: StaticForward, bucket: int) -> None:
+        assert self.step is not None
+        logits = self._forward(static)
+        self.readout[:bucket].copy_(self.step(bucket, logits[:bucket * self.layout.block_size]))
+
+    def _capture(self, work: Callable[[], object], pool: object,
+                 side: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                work()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=side):  # the warmed-up stream
+            work()
+        return graph

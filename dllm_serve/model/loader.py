@@ -137,12 +137,15 @@ def packed_slots(name: str, shape: tuple[int, ...], rule: PackedWeight) -> dict[
     """The HF sources of packed parameter `name` (shape `shape`) and their slices."""
     prefix = name[: len(name) - len(rule.param)]
     dim = 1 if rule.per_expert else 0
-    size = shape[dim] // len(rule.sources)
+    sizes = rule.sizes or (shape[dim] // len(rule.sources),) * len(rule.sources)
+    if sum(sizes) != shape[dim]:
+        raise ValueError(f"{name}: packed sizes {list(sizes)} do not add up to {shape[dim]}")
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     experts: list[int | None] = list(range(shape[0])) if rule.per_expert else [None]
     slots: dict[str, Slot] = {}
     for expert in experts:
-        for part, source in enumerate(rule.sources):
-            index: Index = (slice(part * size, (part + 1) * size),)
+        for source, start, size in zip(rule.sources, offsets, sizes, strict=True):
+            index: Index = (slice(start, start + size),)
             if expert is not None:
                 index = (expert, *index)
             slots[prefix + source.format(e=expert)] = Slot(name, index)

@@ -1,9 +1,10 @@
 """`ModelRunner`: the model, its KV memory and the attention backend on one device.
 
-It runs prefill forwards (eager) and hands out repeatable denoise forwards: on CUDA with the
-triton backends they replay CUDA graphs (model/cuda_graph.py) captured here at startup. The KV
-pool keeps one page and one request slot past what the scheduler is told of: the graphs'
-padding blocks write there. Configuration comes in as one frozen `RunnerConfig`, resolved by
+It runs prefill forwards (eager) and hands out repeatable denoise runs (`prepare_denoise`): on
+CUDA with the triton backends they replay CUDA graphs (model/cuda_graph.py) captured at startup
+by `capture_graphs`, over the worker's row storage and with its greedy step. The KV pool keeps
+one page and one request slot past what the scheduler is told of: the graphs' padding blocks
+write there. Configuration comes in as one frozen `RunnerConfig`, resolved by
 the parent process (engine_config.py).
 """
 
@@ -25,11 +26,13 @@ from dllm_serve.layers.fused import set_kernel_backend
 from dllm_serve.layers.moe import set_moe_backend
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.config import ModelConfig
+from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import load_model, random_model
+from dllm_serve.utils.device import to_device
 
 if TYPE_CHECKING:
-    from dllm_serve.model.cuda_graph import DenoiseGraphs
+    from dllm_serve.model.cuda_graph import DenoiseGraphs, Step
 
 logger = logging.getLogger(__name__)
 
@@ -97,17 +100,24 @@ class ModelRunner:
             self.kv, heads, head_dim, self.model.attn_scale)
         logger.info("KV pool: %d pages of %d tokens (%.1f MB) on %s", num_pages, self.page_size,
                     num_pages * self.page_size * bytes_per_token / 1e6, self.device)
-        self.graphs: DenoiseGraphs | None = None
-        if self._want_graphs(cfg):
-            self.graphs = self._capture_graphs(cfg.graph_max_blocks, cfg.model.vocab_size,
-                                               cfg.mask_id)
+        self.cfg = cfg
+        self.graphs: DenoiseGraphs | None = None  # see capture_graphs
+
+    @property
+    def max_requests(self) -> int:
+        return self.cfg.max_running_requests
+
+    @property
+    def graph_max_blocks(self) -> int:
+        return self.cfg.graph_max_blocks if self._want_graphs() else 0
 
     @property
     def num_pages(self) -> int:
         """Pages the scheduler may hand out (the scratch page excluded)."""
         return self.kv.num_pages - 1
 
-    def _want_graphs(self, cfg: RunnerConfig) -> bool:
+    def _want_graphs(self) -> bool:
+        cfg = self.cfg
         if not cfg.cuda_graphs or self.device.type != "cuda":
             return False
         if cfg.attention_backend != "triton" or cfg.moe_backend != "triton":
@@ -116,16 +126,24 @@ class ModelRunner:
             return False
         return True
 
-    def _capture_graphs(self, max_blocks: int, vocab: int, pad_id: int) -> DenoiseGraphs | None:
-        """Capture the denoise graphs; on any failure warn and run eagerly instead."""
+    def capture_graphs(self, ids: torch.Tensor | None = None, step: Step | None = None,
+                       width: int = 0) -> None:
+        """Capture the denoise graphs when the config asks for them (CUDA, triton backends):
+        over the static token ids `ids` (the worker's row storage), with the greedy `step`
+        (bucket, logits) -> readout (bucket, width) captured after the forward when given. On
+        any failure warn and run eagerly."""
+        if not self._want_graphs():
+            return
         graphs = None
         try:
             from dllm_serve.model.cuda_graph import DenoiseGraphs
 
-            graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size, max_blocks,
-                                   vocab, pad_id, self.scratch_slot)
+            graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,
+                                   self.cfg.graph_max_blocks, self.cfg.model.vocab_size,
+                                   self.cfg.mask_id, self.scratch_slot, ids, step, width)
             graphs.capture()
-            return graphs
+            self.graphs = graphs
+            return
         except Exception as e:  # a graph must never take the server down
             logger.warning("CUDA graph capture failed, denoise forwards run eagerly "
                            "(--disable-cuda-graph silences this): %s: %s", type(e).__name__, e)
@@ -135,7 +153,6 @@ class ModelRunner:
             torch.cuda.empty_cache()
         except Exception:  # the device itself failed: the first eager forward will say so
             logger.exception("CUDA error after the failed capture")
-        return None
 
     def _num_pages(self, cfg: RunnerConfig, context: int, bytes_per_token: int) -> int:
         if cfg.max_total_tokens is not None:
@@ -163,22 +180,21 @@ class ModelRunner:
                 token_ids: list[np.ndarray]) -> None:
         """One eager forward caching whole prompt blocks: row i's tokens at positions
         [seg_starts[i], seg_starts[i] + len(token_ids[i])) of the request in slots[i]."""
-        ids = torch.from_numpy(np.concatenate(token_ids)).to(self.device)
+        ids = to_device(np.concatenate(token_ids).astype(np.int64), self.device)
         lens = [len(t) for t in token_ids]
         self.model(self._batch(ids, slots, seg_starts, lens, logits=False))
 
-    def denoise_forward(self, slots: list[int], first_starts: list[int],
-                        num_blocks: list[int], block_ids: torch.Tensor) -> Forward:
-        """A repeatable forward over the active blocks: request b's num_blocks[b] blocks from
-        first_starts[b] (pages mapped), tokens `block_ids` (N, K) on the device. Each call reads
-        block_ids as they are then (the algorithm edits them in place) and returns logits
-        (N * K, V) fp32, valid until the next call. Replays a CUDA graph when one holds the
-        batch, else runs eagerly."""
+    def prepare_denoise(self, slots: list[int], first_starts: list[int],
+                        num_blocks: list[int], block_ids: torch.Tensor) -> DenoiseRun:
+        """The repeatable denoise run over the active blocks: request b's num_blocks[b] blocks
+        from first_starts[b] (pages mapped), tokens `block_ids` (N, K) on the device, read as
+        they are at each call (the algorithm edits them in place). CUDA graphs when one holds
+        the batch, else eager forwards."""
         if self.graphs is not None:
             run = self.graphs.prepare(slots, first_starts, num_blocks, block_ids)
             if run is not None:
                 return run
-        return self.eager_forward(slots, first_starts, num_blocks, block_ids)
+        return DenoiseRun(self.eager_forward(slots, first_starts, num_blocks, block_ids))
 
     def eager_forward(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                       block_ids: torch.Tensor) -> Forward:
@@ -198,14 +214,14 @@ class ModelRunner:
         dev = self.device
         positions = np.concatenate([np.arange(s, s + n) for s, n in
                                     zip(seg_starts, seg_lens, strict=True)])
-        pos = torch.from_numpy(positions.astype(np.int64)).to(dev)
-        req_slots = torch.as_tensor(slots, dtype=torch.int64, device=dev)
-        seg_slot = torch.repeat_interleave(req_slots, torch.as_tensor(seg_lens, device=dev))
+        meta = to_device(np.concatenate([positions, np.repeat(slots, seg_lens), slots, seg_starts,
+                                         seg_lens]).astype(np.int64), dev)  # one copy
+        t, s = len(positions), len(slots)
+        pos, seg_slot = meta[:t], meta[t:2 * t]
         fb = ForwardBatch(
             input_ids=input_ids, positions=pos, out_cache_loc=self.kv.slots(seg_slot, pos),
-            req_slots=req_slots,
-            seg_starts=torch.as_tensor(seg_starts, dtype=torch.int64, device=dev),
-            seg_lens=torch.as_tensor(seg_lens, dtype=torch.int64, device=dev),
+            req_slots=meta[2 * t:2 * t + s], seg_starts=meta[2 * t + s:2 * t + 2 * s],
+            seg_lens=meta[2 * t + 2 * s:],
             block_size=self.block_size, attn=self.attn,
             logits_index=torch.arange(len(positions), device=dev) if logits else None,
             seg_starts_cpu=list(seg_starts), seg_lens_cpu=list(seg_lens))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dllm_serve.models import llada2  # noqa: F401  (registers LLaDA2MoeModelLM)
+from dllm_serve.models import llada2, sdar  # noqa: F401  (register their architectures)
 from dllm_serve.models.registry import MODELS
 
 __all__ = ["MODELS", "get_model_class"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dllm_serve.layers.moe import RoutingParams
+from dllm_serve.models.decoder import DecoderSpec
 
 # LLaDA2MoeConfig class defaults, used when config.json lacks the key.
 HF_DEFAULTS: dict[str, Any] = {
@@ -41,7 +42,7 @@ class LLaDA2Config:
     intermediate_size: int  # dense MLP layers
     use_qkv_bias: bool
     use_qk_norm: bool
-    use_bias: bool  # bias of attention.dense
+    use_bias: bool  # bias of attention.dense (the output projection)
     tie_word_embeddings: bool
     num_experts: int  # 0: every layer is dense
     first_k_dense_replace: int  # layers [0, k) are dense, the rest MoE
@@ -52,14 +53,19 @@ class LLaDA2Config:
     routing: RoutingParams
 
     def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads {self.num_heads} is not a multiple of "
-                             f"num_key_value_heads {self.num_kv_heads}")
-        if not 0 < self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
-            raise ValueError(f"rotary dim {self.rotary_dim} must be even and in (0, head_dim "
-                             f"{self.head_dim}]")
+        self.decoder_spec  # noqa: B018 (checks heads and rotary dim)
         if self.num_experts:
             self._check_moe()
+
+    @property
+    def decoder_spec(self) -> DecoderSpec:
+        return DecoderSpec(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            num_layers=self.num_layers, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            rotary_dim=self.rotary_dim, rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps, qkv_bias=self.use_qkv_bias, o_bias=self.use_bias,
+            qk_norm=self.use_qk_norm, tie_word_embeddings=self.tie_word_embeddings)
 
     def _check_moe(self) -> None:
         p, e = self.routing, self.num_experts

@@ -3,7 +3,9 @@
 A parameter whose name is not covered by a `PackedWeight` rule loads from the HF tensor of the
 same name. A packed parameter is filled from several HF tensors, each into its own slice:
 - without "{e}" in the sources, the sources are stacked along dim 0 in the order listed
-  (e.g. `gate_up_proj.weight` (2I, hidden) <- gate_proj.weight (I, hidden), up_proj.weight);
+  (e.g. `gate_up_proj.weight` (2I, hidden) <- gate_proj.weight (I, hidden), up_proj.weight),
+  in equal parts unless `sizes` gives each source's rows (e.g. q/k/v projections of GQA);
+  a rule with one source renames (e.g. LLaDA2's `attention.dense` -> `self_attn.o_proj`);
 - with "{e}", dim 0 is the expert index e in [0, E) and the sources stack along dim 1
   (e.g. `experts.w13` (E, 2I, hidden) <- experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight).
 """
@@ -17,6 +19,12 @@ from dataclasses import dataclass
 class PackedWeight:
     param: str  # suffix of the model parameter name, after a module boundary
     sources: tuple[str, ...]  # suffixes of the HF tensor names, in packing order
+    sizes: tuple[int, ...] = ()  # rows of each source along the packed dim; (): equal parts
+
+    def __post_init__(self) -> None:
+        if self.sizes and len(self.sizes) != len(self.sources):
+            raise ValueError(f"{self.param}: {len(self.sizes)} sizes for "
+                             f"{len(self.sources)} sources")
 
     def matches(self, name: str) -> bool:
         return name == self.param or name.endswith("." + self.param)

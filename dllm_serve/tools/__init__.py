@@ -1,2 +1,3 @@
-"""Developer tools: LLaDA2's checkpoint format (llada2_format), the tiny random checkpoint
-builder, and train/ (training of the small default model)."""
+"""Developer tools: the checkpoint formats of LLaDA2 (llada2_format) and SDAR (sdar_format), the
+tiny tokenizers and random checkpoint builder, and train/ (training of the small default
+model)."""

@@ -82,10 +82,11 @@ def add_special_tokens(tok: HFTokenizer) -> None:
 
 def llada2_config(tok: HFTokenizer, preset: dict[str, Any],
                   overrides: dict[str, Any]) -> dict[str, Any]:
-    """The full config.json: base keys <- preset <- token ids, vocab <- overrides.
+    """The full config.json: base keys <- token ids, vocab <- preset <- overrides.
 
-    vocab_size is the tokenizer's size rounded up to a multiple of 64; an unknown override key
-    or a vocab_size below the tokenizer's size raises ValueError.
+    vocab_size is the tokenizer's size rounded up to a multiple of 64 unless the preset or the
+    overrides set it; an unknown override key or a vocab_size below the tokenizer's size raises
+    ValueError.
     """
     unknown = sorted(set(overrides) - set(LLADA2_BASE_CONFIG) - set(OPTIONAL_KEYS)
                      - {"mask_token_id", "eos_token_id"})
@@ -95,7 +96,7 @@ def llada2_config(tok: HFTokenizer, preset: dict[str, Any],
     size = tok.get_vocab_size(with_added_tokens=True)
     ids = {"eos_token_id": eos, "mask_token_id": mask, "pad_token_id": eos,
            "vocab_size": -(-size // 64) * 64}
-    config = {**LLADA2_BASE_CONFIG, **preset, **ids, **overrides}
+    config = {**LLADA2_BASE_CONFIG, **ids, **preset, **overrides}
     if config["vocab_size"] < size:
         raise ValueError(f"vocab_size {config['vocab_size']} < tokenizer size {size}")
     return config

@@ -1,9 +1,15 @@
-"""A small byte-level BPE tokenizer in LLaDA2's file format, built deterministically offline.
+"""Small byte-level BPE tokenizers in real models' file formats, built deterministically offline.
 
-The vocabulary is the 256 byte tokens (ids 0..255, by byte value), then merges learned from a
-built-in English + arithmetic text (ties broken by the pair itself, so the result never varies),
-then LLaDA2's special tokens. No real vocabulary is involved: ids differ from the real model's,
-and config.json names the tiny model's own special ids.
+`build_tokenizer` (LLaDA2): the 256 byte tokens (ids 0..255, by byte value), then merges learned
+from a built-in English + arithmetic text (ties broken by the pair itself, so the result never
+varies), then LLaDA2's special tokens; ids differ from the real model's, and config.json names
+the tiny model's own special ids.
+
+`build_qwen_tokenizer` (SDAR): Qwen2's shape, so that special tokens sit at their real ids:
+Qwen's pre-tokenizer split, the same byte tokens and learned merges, then filler tokens (made-up
+lower-case words, never produced by encoding, decoded as themselves) up to id 151642, then
+Qwen3's special tokens at 151643..151668 and SDAR's `<|MASK|>` at 151669. No real vocabulary is
+involved: ordinary text encodes to other ids than with the real tokenizer.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from itertools import pairwise
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from dllm_serve.tools.llada2_format import add_special_tokens
+from dllm_serve.tools.sdar_format import FIRST_SPECIAL_ID, QWEN_SPECIAL_TOKENS
 
 _PROSE = """\
 The quick brown fox jumps over the lazy dog. A farmer has some hens, and every morning the hens
@@ -75,16 +82,70 @@ def _merge(parts: list[str], pair: tuple[str, str]) -> list[str]:
     return out
 
 
-def build_tokenizer(num_merges: int = 200) -> Tokenizer:
-    """Byte-level BPE: 256 bytes + learned merges + LLaDA2's special tokens, in that order."""
-    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+def byte_level_bpe(pre: pre_tokenizers.PreTokenizer, num_merges: int) -> tuple[
+        dict[str, int], list[tuple[str, str]]]:
+    """Byte tokens then the merges learned over `pre`'s split of the training text."""
     words = Counter(piece for piece, _ in pre.pre_tokenize_str(training_text()))
     merges = learn_merges(words, num_merges)
     vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
     for a, b in merges:
         vocab.setdefault(a + b, len(vocab))
+    return vocab, merges
+
+
+def build_tokenizer(num_merges: int = 200) -> Tokenizer:
+    """Byte-level BPE: 256 bytes + learned merges + LLaDA2's special tokens, in that order."""
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    vocab, merges = byte_level_bpe(pre, num_merges)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
     add_special_tokens(tok)
+    return tok
+
+
+# Qwen2's pre-tokenizer split: contractions, letter runs, single digits, punctuation runs,
+# newlines, spaces.
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+def filler_word(i: int) -> str:
+    """A made-up word for filler id i: 'Ġ' (a space) then syllables spelling i in base 70."""
+    parts = []
+    while True:
+        i, r = divmod(i, len(SYLLABLES))
+        parts.append(SYLLABLES[r])
+        if i == 0:
+            return "Ġ" + "".join(reversed(parts))
+
+
+def fill_to(vocab: dict[str, int], size: int) -> None:
+    """Add filler words until `vocab` holds ids [0, size) (skipping words it already has)."""
+    n = 0
+    while len(vocab) < size:
+        word = filler_word(n)
+        n += 1
+        if word not in vocab:
+            vocab[word] = len(vocab)
+
+
+def build_qwen_tokenizer(num_merges: int = 200) -> Tokenizer:
+    """Qwen-style byte-level BPE with Qwen3's and SDAR's special tokens at their real ids."""
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    vocab, merges = byte_level_bpe(pre, num_merges)
+    fill_to(vocab, FIRST_SPECIAL_ID)
+    for i, (token, _) in enumerate(QWEN_SPECIAL_TOKENS):
+        vocab[token] = FIRST_SPECIAL_ID + i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, special in QWEN_SPECIAL_TOKENS if special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, special in QWEN_SPECIAL_TOKENS if not special])
     return tok

@@ -65,6 +65,10 @@ class DllmAlgorithm(ABC):
     # Settings a request may override with `dllm_<name>` (e.g. dllm_threshold).
     request_params: ClassVar[tuple[str, ...]] = ()
     fused_predict: bool | None = None  # None: the fused step kernel on CUDA (use_fused_predict)
+    # The greedy step reads only device tensors of the batch (block_ids, params, row_req,
+    # row_start, row_seed), so it may be captured in a CUDA graph with the forward. An
+    # algorithm whose step reads the batch's host lists must set this False.
+    graph_safe: ClassVar[bool] = True
 
     def __init__(self, config: AlgorithmConfig, block_size: int, mask_id: int) -> None:
         self.config = config
@@ -121,6 +125,11 @@ class DllmAlgorithm(ABC):
     @abstractmethod
     def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
         """(N,) bool, after a step: the blocks the next step will report done on entry."""
+
+    def bind_device(self, device: torch.device) -> None:
+        """Move whatever tensors the algorithm holds to the worker's device (called once,
+        before any CUDA graph is captured). Default: it holds none."""
+        return None
 
     def readiness_threshold(self) -> float:
         """The wavefront's default tau: confidence a masked position needs to count as ready

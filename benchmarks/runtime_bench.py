@@ -1,0 +1,234 @@
+"""The runtime side by side (issue 12): FDFO against sync, the wavefront against W=1.
+
+    python benchmarks/runtime_bench.py --suite default-model --out results/runtime_default.json
+    python benchmarks/runtime_bench.py --suite mini-lognormal mini-histogram --out results/r.json
+    python benchmarks/runtime_bench.py --suite default-model --device cpu --concurrency 16
+
+Suites (each setting is one Engine; per concurrency C, C prompts run at once, the measured call
+once as warm-up, then --repeats timed runs of which the fastest is reported):
+- default-model: the built-in model (its weights), LowConfidence, EOS honoured, 128 new tokens,
+  GSM8K questions; FDFO and sync at W=1, and FDFO at W=2 (at the W=2 concurrencies).
+- default-heldout: the same model on what it was trained for (held-out arithmetic word
+  problems, benchmarks/results/default_model/heldout_seed7_256.jsonl) with JointThreshold,
+  where blocks finish in a few forwards and the wavefront raises tokens per forward; FDFO and
+  sync at W=1 and FDFO at W=2, at the W=2 concurrencies.
+- mini-lognormal / mini-histogram: LLaDA2.0-mini's shapes with random weights (no checkpoint
+  on disk) and the benchmark-only algorithm benchmarks/scheduled_denoise.py: each block takes a
+  forward count drawn from a lognormal (mean 12, spread 0.5, 2..32) or from the built-in model's
+  measured histogram; 256 new tokens; FDFO and sync.
+--prompts-per-slot P > 1 gives each run P x C prompts with at most C in flight (C client threads,
+each sending its next prompt when its last one finished): a queue, as a server sees it.
+Per run: output tokens/s, and from the worker's trace (benchmarks/trace_summary.py) the device's
+busy and idle shares of the run, mean forward time and host work per forward. The JSON keeps
+every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import git_commit, gsm8k_questions, write_json
+from benchmarks.trace_summary import read_trace, summarize
+from dllm_serve.managers.round_trace import TRACE_ENV
+from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
+
+PLUGIN = "benchmarks.scheduled_denoise:ScheduledDenoise"
+HISTOGRAM = Path(__file__).parent / "data" / "default_model_block_forwards.json"
+HELDOUT = Path(__file__).parent / "results" / "default_model" / "heldout_seed7_256.jsonl"
+
+
+@dataclass
+class Setting:
+    name: str
+    engine: dict[str, Any]
+    concurrency: list[int]
+
+
+@dataclass
+class Suite:
+    name: str
+    max_new_tokens: int
+    ignore_eos: bool
+    settings: list[Setting] = field(default_factory=list)
+    mini: bool = False  # random weights at LLaDA2.0-mini's shapes
+    algorithm_yaml: str | None = None  # the ScheduledDenoise settings
+    algorithm: str | None = None  # default: the engine's
+    data_path: str | None = None  # prompts ("question" lines); default: GSM8K test
+
+
+def suites(ns: argparse.Namespace) -> dict[str, Suite]:
+    c, w2 = ns.concurrency, ns.w2_concurrency
+    default = Suite("default-model", 128, False, [
+        Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, c),
+        Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, c),
+        Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, w2)])
+    heldout = Suite("default-heldout", 128, False, [
+        Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, w2),
+        Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, w2),
+        Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, w2)],
+        algorithm="JointThreshold", data_path=str(HELDOUT))
+    mc = ns.mini_concurrency
+    mini = [Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, mc),
+            Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, mc)]
+    return {"default-model": default, "default-heldout": heldout,
+            "mini-lognormal": Suite("mini-lognormal", 256, True, mini, True, "mean: 12.0\n"),
+            "mini-histogram": Suite("mini-histogram", 256, True, mini, True,
+                                    f"histogram: {HISTOGRAM}\n")}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", nargs="+", default=["default-model"],
+                   choices=["default-model", "default-heldout", "mini-lognormal",
+                            "mini-histogram"])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 32, 64])
+    p.add_argument("--w2-concurrency", type=int, nargs="+", default=[16])
+    p.add_argument("--mini-concurrency", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--max-new-tokens", type=int, default=None, help="override the suites'")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts-per-slot", type=int, default=1,
+                   help="P x C prompts per run, at most C in flight (default 1: C at once)")
+    p.add_argument("--out", default=None, help="JSON results")
+    return p.parse_args(argv)
+
+
+def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model: str | None,
+                  yaml_path: str | None) -> dict[str, Any]:
+    mrr = max(setting.concurrency)
+    kw: dict[str, Any] = {"device": ns.device, "max_running_requests": mrr,
+                          "log_level": "warning", **setting.engine}
+    if ns.device == "cuda":
+        kw.update(attention_backend="triton", moe_backend="triton")
+    if suite.algorithm is not None:
+        kw.update(dllm_algorithm=suite.algorithm)
+    if suite.mini:
+        kw.update(model_path=model, load_format="dummy", dllm_algorithm=PLUGIN,
+                  dllm_algorithm_config=yaml_path, context_length=1024,
+                  max_total_tokens=(mrr + 1) * 1024)
+    return kw
+
+
+def run_setting(ns: argparse.Namespace, suite: Suite, setting: Setting, kw: dict[str, Any],
+                trace: str) -> list[dict[str, Any]]:
+    from dllm_serve import Engine
+
+    os.environ[TRACE_ENV] = trace
+    t0 = time.monotonic()
+    rows = []
+    with Engine(**kw) as engine:
+        startup = time.monotonic() - t0
+        for c in setting.concurrency:
+            row = best_run(ns, engine, trace, suite, c)
+            rows.append({"suite": suite.name, "setting": setting.name, "startup_s": startup,
+                         **row})
+            print_row(rows[-1])
+    del os.environ[TRACE_ENV]
+    return rows
+
+
+def best_run(ns: argparse.Namespace, engine: Any, trace: str, suite: Suite,
+             c: int) -> dict[str, Any]:
+    tokens = ns.max_new_tokens or suite.max_new_tokens
+    params = {"max_new_tokens": tokens, "ignore_eos": suite.ignore_eos, "temperature": 0.0}
+    prompts = gsm8k_questions(c * ns.prompts_per_slot, suite.data_path, seed=c)
+    generate(engine, prompts, params, c)  # warm-up: the measured call itself
+    runs = [timed(engine, trace, prompts, params, c) for _ in range(ns.repeats)]
+    best = max(runs, key=lambda r: r["output_tokens_per_s"])
+    return {"concurrency": c, "prompts": len(prompts), **best,
+            "tok_s_repeats": [r["output_tokens_per_s"] for r in runs]}
+
+
+def generate(engine: Any, prompts: list[str], params: dict[str, Any],
+             c: int) -> list[dict[str, Any]]:
+    """All prompts, at most c in flight: one call when they fit, else c client threads."""
+    if len(prompts) <= c:
+        return engine.generate(prompts, params)
+    with ThreadPoolExecutor(max_workers=c) as pool:
+        return list(pool.map(lambda p: engine.generate(p, params), prompts))
+
+
+def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any],
+          c: int) -> dict[str, Any]:
+    before = engine.get_server_info()["stats"]
+    start = time.monotonic()
+    outs = generate(engine, prompts, params, c)
+    end = time.monotonic()
+    after = engine.get_server_info()["stats"]
+    time.sleep(0.3)  # the worker writes its last trace records once it is idle
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    per_block = [f for o in outs for f in o["meta_info"]["block_forwards"]]
+    return {"wall_s": end - start, "output_tokens": tokens,
+            "output_tokens_per_s": tokens / (end - start),
+            "forwards_per_block_mean": sum(per_block) / max(1, len(per_block)),
+            "scheduler_stats": {k: after[k] - before[k] for k in after},
+            **summarize(read_trace(trace, start, end))}
+
+
+def print_row(r: dict[str, Any]) -> None:
+    print(f"{r['suite']:15s} {r['setting']:8s} C={r['concurrency']:3d}: "
+          f"{r['output_tokens_per_s']:9.1f} tok/s  busy {100 * r.get('busy_fraction', 0):5.1f}%"
+          f"  idle {100 * r.get('idle_fraction', 0):5.2f}%  fwd {r.get('forward_ms_mean', 0):6.2f}"
+          f" ms  host/fwd {r.get('host_ms_per_forward', 0):6.3f} ms  "
+          f"fwd/block {r['forwards_per_block_mean']:5.1f}", flush=True)
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """FDFO / sync and W=2 / W=1 (fdfo) output tokens/s, per suite and concurrency."""
+    tok = {(r["suite"], r["setting"], r["concurrency"]): r["output_tokens_per_s"] for r in rows}
+    out: dict[str, dict[str, float]] = {}
+    for (suite, setting, c), value in tok.items():
+        if setting == "fdfo" and (suite, "sync", c) in tok:
+            out.setdefault("fdfo_over_sync", {})[f"{suite} C={c}"] = value / tok[
+                (suite, "sync", c)]
+        if setting == "fdfo-w2" and (suite, "fdfo", c) in tok:
+            out.setdefault("w2_over_w1", {})[f"{suite} C={c}"] = value / tok[(suite, "fdfo", c)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ns = parse_args(argv)
+    all_suites = suites(ns)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="runtime_bench_") as tmp_name:
+        tmp = Path(tmp_name)
+        model = str(build_tiny_checkpoint(tmp / "mini", preset="llada2-mini-shape",
+                                          weights=False)) if any(
+            all_suites[s].mini for s in ns.suite) else None
+        for name in ns.suite:
+            suite = all_suites[name]
+            yaml_path = None
+            if suite.algorithm_yaml is not None:
+                yaml_path = str(tmp / f"{name}.yaml")
+                Path(yaml_path).write_text(suite.algorithm_yaml)
+            for setting in suite.settings:
+                kw = engine_kwargs(ns, suite, setting, model, yaml_path)
+                rows += run_setting(ns, suite, setting, kw, str(tmp / f"{name}_{setting.name}"))
+    device = ns.device
+    if device == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name()
+    result = {"benchmark": "runtime_bench", "config": vars(ns), "git_commit": git_commit(),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "runs": rows,
+              **ratios(rows)}
+    for kind in ("fdfo_over_sync", "w2_over_w1"):
+        for key, value in result.get(kind, {}).items():
+            print(f"{kind:15s} {key}: {value:.2f}x")
+    write_json(ns.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

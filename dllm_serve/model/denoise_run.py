@@ -1,0 +1,19 @@
+"""`DenoiseRun`: the prepared denoise forward of one batch layout (eager or CUDA graphs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DenoiseRun:
+    """forward() -> logits (N * K, V) fp32 over the layout's blocks as they are then; step() ->
+    the readout (N, width) of forward + the algorithm's greedy step replayed as one captured
+    graph, or None when no step was captured for this layout. Outputs stay valid until the
+    next call of either."""
+
+    forward: Callable[[], torch.Tensor]
+    step: Callable[[], torch.Tensor] | None = None
