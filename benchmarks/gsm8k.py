@@ -1,4 +1,4 @@
-"""GSM8K accuracy and throughput with SGLang's dLLM protocol (5-shot raw text, greedy, 512 tokens).
+"""GSM8K accuracy and throughput: SGLang's few-shot protocol (5-shot raw text, greedy, 512 tokens).
 
 Against a running server (OpenAI completions API):
 
@@ -14,8 +14,9 @@ Reports accuracy, invalid rate (no number in the completion), wall time, per-req
 output throughput (completion tokens / wall time), tokens per forward (TPF: completion tokens /
 forwards the committed blocks took) and forwards per block; in process also tokens per
 request-forward (completion tokens / denoise forwards the requests sat in, waiting included).
-Shots come from the train split; `--shots-from test` reproduces SGLang's script, whose shots are
-the first test questions.
+`--protocol sglang` (the default) is exactly SGLang's `few_shot_gsm8k` (shots = the first test
+questions, its answer reading); `--protocol clean` takes the shots from the train split and reads
+signed integers (see gsm8k_protocol.py). The JSON's `config.protocol` says which ran.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=16, help="engine mode")
     p.add_argument("--num-questions", type=int, default=proto.NUM_QUESTIONS)
     p.add_argument("--num-shots", type=int, default=proto.NUM_SHOTS)
-    p.add_argument("--shots-from", choices=["train", "test"], default="train")
+    p.add_argument("--protocol", choices=sorted(proto.PROTOCOLS), default="sglang",
+                   help="sglang: SGLang's few_shot_gsm8k exactly (test shots, its answer "
+                   "reading); clean: train shots, signed integers")
     p.add_argument("--max-new-tokens", type=int, default=proto.MAX_NEW_TOKENS)
     p.add_argument("--parallel", type=int, default=128, help="requests in flight")
     p.add_argument("--data-path", default=None,
@@ -75,13 +78,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if ns.num_questions > len(test_rows):
         raise SystemExit(f"--num-questions {ns.num_questions}: the data has {len(test_rows)}")
     rows = test_rows[: ns.num_questions]
-    prompts = proto.build_prompts(rows, proto.load_shots(ns.shots_from, ns.num_shots, test_rows))
+    protocol = proto.PROTOCOLS[ns.protocol]
+    prompts = proto.build_prompts(rows, protocol.shots(ns.num_shots, test_rows))
     params = GenParams(max_tokens=ns.max_new_tokens, stop=proto.STOP)
     run = run_server if ns.base_url else run_engine
     answers, wall, info, blocks = run(ns, prompts, params)
     result = {"benchmark": "gsm8k", "git_commit": git_commit(), "config": config(ns, info),
-              "results": {**score(rows, answers, wall), **blocks},
-              "questions": details(rows, answers)}
+              "results": {**score(protocol, rows, answers, wall), **blocks},
+              "questions": details(protocol, rows, answers)}
     print_table(result["results"])
     write_json(ns.output, result)
     return result
@@ -132,9 +136,10 @@ def engine_block_stats(answers: list[Completion], delta: dict[str, int] | None,
             "source": "engine meta_info block_forwards", "server_stats": delta}
 
 
-def score(rows: list[dict[str, Any]], answers: list[Completion], wall: float) -> dict[str, Any]:
-    preds = [proto.extract_answer(a.text) for a in answers]
-    labels = [proto.label(r) for r in rows]
+def score(protocol: proto.Protocol, rows: list[dict[str, Any]], answers: list[Completion],
+          wall: float) -> dict[str, Any]:
+    preds = [protocol.extract(a.text) for a in answers]
+    labels = [protocol.label(r) for r in rows]
     tokens = sum(a.completion_tokens for a in answers)
     n = len(rows)
     return {"num_questions": n,
@@ -146,8 +151,9 @@ def score(rows: list[dict[str, Any]], answers: list[Completion], wall: float) ->
             "output_tokens": tokens, "output_throughput": tokens / wall}
 
 
-def details(rows: list[dict[str, Any]], answers: list[Completion]) -> list[dict[str, Any]]:
-    return [{"index": i, "label": proto.label(r), "prediction": proto.extract_answer(a.text),
+def details(protocol: proto.Protocol, rows: list[dict[str, Any]], answers: list[Completion],
+            ) -> list[dict[str, Any]]:
+    return [{"index": i, "label": protocol.label(r), "prediction": protocol.extract(a.text),
              "completion": a.text, "completion_tokens": a.completion_tokens,
              "latency_s": a.latency, "block_forwards": a.block_forwards, "error": a.error}
             for i, (r, a) in enumerate(zip(rows, answers, strict=True))]
@@ -156,7 +162,9 @@ def details(rows: list[dict[str, Any]], answers: list[Completion]) -> list[dict[
 def config(ns: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     return {**vars(ns), "api_key": "<set>" if ns.api_key else None,
             "backend": "server" if ns.base_url else "engine",
-            "shots_path": str(proto.TRAIN_PATH) if ns.shots_from == "train" else None,
+            "shots_from": proto.PROTOCOLS[ns.protocol].shots_from,
+            "shots_path": (str(proto.TRAIN_PATH) if proto.PROTOCOLS[ns.protocol].shots_from
+                           == "train" else None),
             "stop": proto.STOP, "temperature": 0.0, "server_info": info}
 
 

@@ -9,6 +9,7 @@ It starts the same scheduler and worker processes as the server (over ZMQ), with
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 from collections.abc import Iterator
 from typing import Any
@@ -46,15 +47,16 @@ class Engine:
         rids = [rid] if isinstance(rid, str) else (rid or [None] * len(ids))
         if len(rids) != len(ids):
             raise RequestError("rid must have one entry per prompt")
-        for i, p in zip(ids, params, strict=True):
+        requests = expand_n(ids, params, rids)
+        for i, p, _ in requests:
             self.front.validate(i, p)
         if stream:
-            if batch:
-                raise RequestError("stream=True takes a single prompt")
-            return self._stream(ids[0], params[0], rids[0])
-        waits = [self._submit(i, p, r) for i, p, r in zip(ids, params, rids, strict=True)]
+            if len(requests) > 1:
+                raise RequestError("stream=True takes a single prompt and n=1")
+            return self._stream(*requests[0])
+        waits = [self._submit(i, p, r) for i, p, r in requests]
         results = [result_dict(_last(q)) for q in waits]
-        return results if batch else results[0]
+        return results if batch or len(results) > 1 else results[0]
 
     def _submit(self, ids: list[int], params: SamplingParams, rid: str | None,
                 ) -> queue.Queue[GenOutput]:
@@ -117,6 +119,20 @@ def per_prompt_params(params: Params, n: int) -> list[SamplingParams]:
             raise RequestError("sampling_params must have one entry per prompt")
         return [_parse(p) for p in params]
     return [_parse(params) for _ in range(n)]
+
+
+def expand_n(ids: list[list[int]], params: list[SamplingParams], rids: list[str | None],
+             ) -> list[tuple[list[int], SamplingParams, str | None]]:
+    """One engine request per prompt and copy (SGLang's `n`), prompt-major; copy i of a
+    prompt gets seed + i (when seeded) and rid "<rid>-<i>" (when n > 1)."""
+    out = []
+    for i, p, r in zip(ids, params, rids, strict=True):
+        for copy in range(p.n if isinstance(p.n, int) and p.n > 1 else 1):
+            one = dataclasses.replace(p, n=1, stop=list(p.stop), dllm=dict(p.dllm))
+            if copy and one.seed is not None:
+                one.seed = (one.seed + copy) % 2**63
+            out.append((i, one, r if p.n == 1 or r is None else f"{r}-{copy}"))
+    return out
 
 
 def _parse(d: dict[str, Any] | None) -> SamplingParams:

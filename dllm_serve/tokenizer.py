@@ -83,9 +83,10 @@ class Tokenizer:
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self.token_to_id(token)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; a BOS first only with add_bos_token and add_special_tokens."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if self.add_bos_token and self.bos_token_id is not None:
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
 

@@ -43,8 +43,9 @@ class Server:
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(self.url(path), headers=self.headers, timeout=60, **kw)
 
-    def post(self, path: str, body: Any = None, **kw: Any) -> httpx.Response:
-        return httpx.post(self.url(path), json=body, headers=self.headers, timeout=120, **kw)
+    def post(self, path: str, body: Any = None, timeout: float | None = 120,
+             **kw: Any) -> httpx.Response:
+        return httpx.post(self.url(path), json=body, headers=self.headers, timeout=timeout, **kw)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

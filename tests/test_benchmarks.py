@@ -13,11 +13,12 @@ import pytest
 from benchmarks import gsm8k, offline_throughput, plot, remote, serving
 from benchmarks.common import DATA_DIR, MODES, read_jsonl
 from benchmarks.gsm8k_protocol import (
+    PROTOCOLS,
     STOP,
     build_prompts,
-    extract_answer,
-    label,
     load_shots,
+    sglang_answer,
+    signed_answer,
 )
 from benchmarks.serving_metrics import aggregate, chunk_tokens
 from benchmarks.stream_client import StreamRecord
@@ -36,7 +37,8 @@ TEST_ROWS = read_jsonl(DATA_DIR / "test.jsonl")
     (1113, -3),         # "-6 + 3 = -3 degrees ... #### -3"
 ])
 def test_labels_of_real_gsm8k_answers(index: int, expected: int) -> None:
-    assert label(TEST_ROWS[index]) == expected
+    assert PROTOCOLS["clean"].label(TEST_ROWS[index]) == expected
+    assert PROTOCOLS["sglang"].label(TEST_ROWS[index]) == abs(expected)  # SGLang reads no sign
 
 
 @pytest.mark.parametrize(("completion", "expected"), [
@@ -49,8 +51,21 @@ def test_labels_of_real_gsm8k_answers(index: int, expected: int) -> None:
     (" I do not know the answer.", None),
     ("", None),
 ])
-def test_extract_answer(completion: str, expected: int | None) -> None:
-    assert extract_answer(completion) == expected
+def test_clean_answer(completion: str, expected: int | None) -> None:
+    assert signed_answer(completion) == expected
+
+
+@pytest.mark.parametrize(("completion", "expected"), [
+    (TEST_ROWS[0]["answer"], 18),
+    (" The total is 1,450,000 dollars.", 1450000),
+    (" It was -3 degrees Celsius.", 3),                # no sign, as SGLang reads it
+    (" He pays $3.50", 50),
+    (" The answer is 05.", None),                      # a leading zero: invalid in SGLang
+    (" 0 apples", 0),
+    (" I do not know the answer.", None),
+])
+def test_sglang_answer(completion: str, expected: int | None) -> None:
+    assert sglang_answer(completion) == expected
 
 
 def test_prompt_format_and_shot_sources() -> None:
@@ -61,6 +76,8 @@ def test_prompt_format_and_shot_sources() -> None:
     assert prompt.startswith(first) and prompt.count("Question: ") == 6
     assert prompt.endswith(f"Question: {TEST_ROWS[0]['question']}\nAnswer:")
     assert load_shots("test", 5, TEST_ROWS) == TEST_ROWS[:5]  # SGLang's quirk
+    assert PROTOCOLS["sglang"].shots(5, TEST_ROWS) == TEST_ROWS[:5]
+    assert PROTOCOLS["clean"].shots(5, TEST_ROWS) == shots
     assert STOP == ["Question", "Assistant:", "<|separator|>"]
 
 
@@ -171,6 +188,7 @@ def test_gsm8k_engine_mode(gsm8k_engine_json: Path) -> None:
     assert all(k in r for k in GSM8K_FIELDS) and r["num_questions"] == 3
     assert result["git_commit"] and result["config"]["backend"] == "engine"
     assert result["config"]["num_shots"] == 5 and result["config"]["stop"] == STOP
+    assert result["config"]["protocol"] == "sglang" and result["config"]["shots_from"] == "test"
     assert all(k in r["request_latency_s"] for k in LATENCY_FIELDS)
     assert r["forwards_per_block"] and r["tokens_per_forward"] > 0
     # the server-side formula (request-steps minus waste) agrees with the per-block counts

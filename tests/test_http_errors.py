@@ -78,7 +78,8 @@ def test_invalid_input_is_400(server: Server, path: str, body: dict, words: list
     ("logprobs", 2), ("echo", True), ("suffix", "end"), ("logit_bias", {"5": 1.0}),
     ("best_of", 3), ("frequency_penalty", 0.5), ("presence_penalty", -1),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
-    ("top_k", 5), ("not_a_field", 1),
+    ("repetition_penalty", 1.2), ("lora_path", "adapter"), ("regex", "a+"),
+    ("return_hidden_states", True), ("not_a_field", 1),
 ])
 def test_unsupported_fields_are_named(server: Server, field: str, value: Any) -> None:
     path = CHAT if field in ("tools", "response_format") else CMPL

@@ -22,7 +22,8 @@ class DenoiseBatch:
     """block_ids: (N, K) int64 on the device, edited in place by the algorithm's step().
 
     Per request (B of them, host): num_blocks, first_starts (absolute position of the leftmost
-    active block), temperatures (0 = greedy), top_ps, seeds; params: per-request values (B,) on
+    active block), temperatures (0 = greedy), top_ps, seeds, top_ks and min_ps (empty: off for
+    every request); params: per-request values (B,) on
     the device of the settings a request may override (indexed through row_req). Per block
     (host): block_steps (N,), forwards each block has had since it opened (the step being taken
     not counted); (device) row_req, row_start, row_seed: its request, position and seed.
@@ -41,6 +42,8 @@ class DenoiseBatch:
     _row_req: torch.Tensor | None = field(default=None, repr=False)
     _row_start: torch.Tensor | None = field(default=None, repr=False)
     _row_seed: torch.Tensor | None = field(default=None, repr=False)
+    top_ks: list[int] = field(default_factory=list)
+    min_ps: list[float] = field(default_factory=list)
 
     def bind_rows(self, row_req: torch.Tensor, row_start: torch.Tensor,
                   row_seed: torch.Tensor) -> None:
@@ -104,5 +107,6 @@ class DenoiseBatch:
         one = DenoiseBatch(
             self.block_ids[rows], [self.num_blocks[request]], [self.first_starts[request]],
             [self.temperatures[request]], [self.top_ps[request]], [self.seeds[request]],
-            {k: v[request:request + 1] for k, v in self.params.items()}, self.block_steps[rows])
+            {k: v[request:request + 1] for k, v in self.params.items()}, self.block_steps[rows],
+            top_ks=self.top_ks[request:request + 1], min_ps=self.min_ps[request:request + 1])
         return one, rows

@@ -1,6 +1,13 @@
-"""Sampling for temperature > 0: the Gumbel-max rule, seeded per request, block and step."""
+"""Sampling for temperature > 0: the Gumbel-max rule, seeded per request, block and step.
+
+The logit filters are pure functions of a (..., V) logits tensor: `nucleus` (top_p), `top_k`,
+`min_p`, and `suppress_stop_tokens` (min_new_tokens: no EOS or stop token at positions before
+prompt_len + min_new_tokens).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -19,10 +26,22 @@ def sample_rows(batch: DenoiseBatch, logits: torch.Tensor, x: torch.Tensor) -> t
         gen = torch.Generator(device=logits.device)
         key = (batch.seeds[b], starts[i], int(batch.block_steps[i]))
         gen.manual_seed(hash(key) & (2**63 - 1))
-        scaled = nucleus(logits[i] / t, batch.top_ps[b])
+        scaled = filter_logits(logits[i] / t, batch.top_ps[b], _at(batch.top_ks, b, -1),
+                               _at(batch.min_ps, b, 0.0))
         u = torch.rand(scaled.shape, generator=gen, device=logits.device).clamp_(1e-20, 1.0)
         x[i] = (scaled - torch.log(-torch.log(u))).argmax(-1)
     return x
+
+
+def _at(values: list[Any], b: int, off: Any) -> Any:
+    """values[b], or `off` when the batch carries no values (the filter is off for all)."""
+    return values[b] if values else off
+
+
+def filter_logits(logits: torch.Tensor, top_p: float, top_k: int, min_p: float,
+                  ) -> torch.Tensor:
+    """top_k, then min_p, then top_p (SGLang's order); each keeps the most likely token."""
+    return nucleus(min_p_filter(top_k_filter(logits, top_k), min_p), top_p)
 
 
 def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -34,3 +53,37 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop = probs.cumsum(-1) - probs >= top_p  # the most likely token is always kept
     sorted_logits[drop] = float("-inf")
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the top_k largest logits of each row (ties at the k-th value kept too); -1 or a
+    k of at least V keeps all."""
+    if top_k < 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the most likely token's."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(-1)
+    floor = probs.amax(-1, keepdim=True) * min_p
+    return logits.masked_fill(probs < floor, float("-inf"))
+
+
+def suppress_stop_tokens(logits: torch.Tensor, block_start: int, prompt_len: int,
+                         min_new_tokens: int, stop_ids: torch.Tensor) -> torch.Tensor:
+    """logits (K, V) of the block at absolute position block_start: -inf for the stop token
+    ids (EOS included) at every position before prompt_len + min_new_tokens, so that no stop
+    token can be chosen there."""
+    k = logits.shape[0]
+    positions = torch.arange(block_start, block_start + k, device=logits.device)
+    early = positions < prompt_len + min_new_tokens  # (K,)
+    if not bool(early.any()) or stop_ids.numel() == 0:
+        return logits
+    out = logits.clone()
+    rows = early.nonzero().squeeze(-1)
+    out[rows.unsqueeze(-1), stop_ids.unsqueeze(0)] = float("-inf")
+    return out

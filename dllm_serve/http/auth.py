@@ -1,4 +1,5 @@
-"""`--api-key`: every route needs `Authorization: Bearer KEY`, except health and metrics.
+"""`--api-key`: every route needs `Authorization: Bearer KEY`, except health, readiness and
+metrics.
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which would hide client
 disconnects from the routes). Keys are compared as SHA-256 digests in constant time.
@@ -13,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dllm_serve.http.errors import raw_error
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/metrics"})
 
 
 class ApiKeyMiddleware:

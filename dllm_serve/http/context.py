@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_serve.errors import EngineDeadError
-from dllm_serve.http.errors import APIError, unavailable
+from dllm_serve.http.errors import APIError, EngineFailed, unavailable
 from dllm_serve.http.lifecycle import NOT_READY_MESSAGES, Lifecycle
 from dllm_serve.http.metrics import ServerMetrics
 from dllm_serve.managers.tokenizer_manager import TokenizerManager
@@ -30,13 +30,16 @@ class ServerContext:
     life: Lifecycle
     metrics: ServerMetrics | None = None
     front: TokenizerManager | None = None
+    architecture: str = ""
 
     @staticmethod
     def create(args: ServerArgs) -> ServerContext:
         assert args.model_path is not None
         name = args.served_model_name or Path(args.model_path).name
-        length = ModelConfig.load(args.model_path).context_length(args.context_length)
-        ctx = ServerContext(args, name, length, Lifecycle(args.shutdown_timeout))
+        config = ModelConfig.load(args.model_path)
+        length = config.context_length(args.context_length)
+        ctx = ServerContext(args, name, length, Lifecycle(args.shutdown_timeout),
+                            architecture=config.architecture)
         if args.enable_metrics:
             ctx.metrics = ServerMetrics(name, ctx.scheduler_info_or_none)
         return ctx
@@ -57,7 +60,7 @@ class ServerContext:
         try:
             return self.require_front().server_info(timeout=INFO_TIMEOUT_S)
         except EngineDeadError as e:
-            raise APIError(500, f"The engine is dead: {e}") from None
+            raise EngineFailed(str(e)) from None
         except queue.Empty:
             raise unavailable("The scheduler did not answer in time.") from None
 
@@ -69,12 +72,23 @@ class ServerContext:
             return None
 
     def server_info(self) -> dict[str, Any]:
-        """GET /get_server_info: the server args (API key hidden) and the scheduler's state."""
+        """GET /server_info: the server args (API key hidden), the scheduler's state, and
+        SGLang's `internal_states` (one entry per data-parallel rank: the scheduler's)."""
         from dllm_serve import __version__
 
         args = dict(self.args.__dict__)
         if args.get("api_key") is not None:
             args["api_key"] = "<hidden>"
+        scheduler = self.scheduler_info()
         return {**args, "served_model_name": self.model_name,
-                "context_length": self.context_length, "version": __version__,
-                **self.scheduler_info()}
+                "context_length": self.context_length, "version": __version__, **scheduler,
+                "internal_states": [scheduler]}
+
+    def model_info(self) -> dict[str, Any]:
+        """GET /model_info (SGLang's keys)."""
+        assert self.args.model_path is not None
+        return {"model_path": self.args.model_path, "served_model_name": self.model_name,
+                "tokenizer_path": self.args.tokenizer_path or self.args.model_path,
+                "is_generation": True, "context_length": self.context_length,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "architectures": [self.architecture]}

@@ -2,13 +2,17 @@
 
 Every non-2xx answer of the server has this body, whatever raised it: our `APIError`, the
 engine's `RequestError` (400) and `EngineDeadError` (500), FastAPI's validation errors (400,
-never 422), Starlette's 404/405, and any other exception (500, logged with its traceback).
+never 422), Starlette's 404/405, and any other exception (500).
+A 5xx never carries a traceback, a file path or an engine's internal message: the client gets
+a short message and the request id (also in the `x-request-id` header), and the log gets the
+details under the same id.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 
 from dllm_serve.errors import EngineDeadError, RequestError
 
@@ -27,6 +32,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                503: "service_unavailable_error"}
 # The openai client retries 5xx by default; a 503 means "busy or going away", so say no.
 NO_RETRY = {"x-should-retry": "false"}
+ENGINE_DEAD = "The engine has died; the server cannot serve requests."
+REQUEST_FAILED = "The engine failed while serving this request; other requests go on."
 
 
 class APIError(Exception):
@@ -63,12 +70,26 @@ def unavailable(message: str) -> APIError:
 
 
 def from_finish_reason(reason: Mapping[str, Any]) -> APIError | None:
-    """The error carried by an engine abort with a status (queue full: 503, too big: 400)."""
+    """The error carried by an engine abort with a status (queue full: 503, too big: 400; a
+    failed engine: 500, whose internal message stays in the log)."""
     status = reason.get("status_code")
+    if reason.get("type") == "error":  # this request failed alone in the engine
+        return EngineFailed(str(reason.get("message", "")), REQUEST_FAILED)
     if reason.get("type") != "abort" or status is None:
         return None
+    if int(status) == 500:
+        return EngineFailed(str(reason.get("message", "")))
     headers = NO_RETRY if status == 503 else None
     return APIError(int(status), str(reason.get("message", "aborted")), headers=headers)
+
+
+class EngineFailed(APIError):
+    """A request the engine failed (it died, or this request failed alone); `detail` is for
+    the log only."""
+
+    def __init__(self, detail: str, message: str | None = None) -> None:
+        super().__init__(500, message or ENGINE_DEAD)
+        self.detail = detail
 
 
 def raise_if_failed(finish_reason: Mapping[str, Any] | None) -> None:
@@ -77,16 +98,37 @@ def raise_if_failed(finish_reason: Mapping[str, Any] | None) -> None:
         raise err
 
 
-def as_api_error(exc: BaseException) -> APIError:
-    """Map any exception to the APIError it is answered with."""
-    if isinstance(exc, APIError):
-        return exc
+
+
+def as_api_error(exc: BaseException, request_id: str | None = None) -> APIError:
+    """Map any exception to the APIError it is answered with; a 5xx is logged with the
+    request id and answered with a short message naming that id."""
     if isinstance(exc, RequestError):
         return APIError(exc.status, str(exc), param=exc.param)
+    if isinstance(exc, APIError) and exc.status < 500:
+        return exc
+    if isinstance(exc, EngineFailed):
+        logger.error("request %s failed: %s (%s)", request_id, exc.message, exc.detail)
+        return _with_id(APIError(500, exc.message), request_id)
     if isinstance(exc, EngineDeadError):
-        return APIError(500, f"The engine is dead: {exc}")
-    logger.error("internal error", exc_info=exc)
-    return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}")
+        logger.error("request %s failed, the engine died: %s", request_id, exc)
+        return _with_id(APIError(500, ENGINE_DEAD), request_id)
+    if isinstance(exc, APIError):
+        return _with_id(exc, request_id)
+    logger.error("internal error in request %s", request_id, exc_info=exc)
+    return _with_id(APIError(500, "Internal server error."), request_id)
+
+
+def _with_id(err: APIError, request_id: str | None) -> APIError:
+    if request_id is None:
+        return err
+    return APIError(err.status, f"{err.message} (request id {request_id})", err.param,
+                    err.code, err.headers)
+
+
+def request_id(conn: HTTPConnection) -> str | None:
+    """The id the request-id middleware gave this request."""
+    return conn.scope.get("state", {}).get("request_id")
 
 
 def validation_message(errors: list[Any]) -> tuple[str, str | None]:
@@ -95,15 +137,19 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     for err in errors[:3]:
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         param = param or (loc[0] if loc else None)
-        parts.append(f"{'.'.join(loc)}: {err.get('msg')}" if loc else str(err.get("msg")))
+        msg = _BIG_NUMBER.sub(lambda m: f"{float(m.group(0)):.8g}", str(err.get("msg")))
+        parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return "; ".join(parts), param
+
+
+_BIG_NUMBER = re.compile(r"\d{16,}")  # pydantic writes float32's max with all 39 digits
 
 
 def install_handlers(app: FastAPI) -> None:
     """Route every exception FastAPI can see to an OpenAI-shaped error response."""
 
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
-        return as_api_error(exc).response()
+    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
+        return as_api_error(exc, request_id(request)).response()
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -2,10 +2,12 @@
 
 /generate takes `text` or `input_ids` (one prompt or a batch), `sampling_params` (SGLang's
 names, e.g. max_new_tokens, plus dllm_* settings; one dict or one per prompt), `stream` and
-`rid`. It answers `{"text", "output_ids", "meta_info"}` (a list for a batch). A stream (one
-prompt only) sends one event per committed block whose `text` and `output_ids` are cumulative,
-as SGLang's HTTP stream is by default, and ends with `[DONE]`. An aborted request answers 200
-with `finish_reason.type == "abort"`; a request the scheduler rejected answers its status.
+`rid`, plus SGLang's other fields at their off values (request_fields.py). It answers
+`{"text", "output_ids", "meta_info"}` (a list for a batch or n > 1, prompt-major). A stream (one
+prompt, n = 1) sends one event per committed block whose `text` and `output_ids` are
+cumulative, as SGLang's HTTP stream is by default, and ends with `[DONE]`. An aborted request
+answers 200 with `finish_reason.type == "abort"`; a request the scheduler rejected answers its
+status. `max_new_tokens: 0` answers at once with an empty output (finish reason length).
 """
 
 from __future__ import annotations
@@ -17,43 +19,53 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dllm_serve.engine import normalize_prompts, per_prompt_params, result_dict
+from dllm_serve.engine import expand_n, normalize_prompts, per_prompt_params, result_dict
 from dllm_serve.errors import RequestError
+from dllm_serve.http.body import parse_body
 from dllm_serve.http.bridge import Choice, Generation, until_disconnected
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
-from dllm_serve.http.protocol import AbortRequest, GenerateRequest, parse_body
+from dllm_serve.http.protocol import AbortRequest, GenerateRequest, native_params
+from dllm_serve.http.protocol import unused_and_overrides as check_fields
 from dllm_serve.http.sse import sse_response
+from dllm_serve.request_fields import GENERATE
 
 
 async def generate(ctx: ServerContext, request: Request, body: bytes) -> Response:
     req = parse_body(GenerateRequest, body)
+    check_fields(req, GENERATE)
     front = ctx.require_front()
     batch, prompts = normalize_prompts(req.text, req.input_ids)
     if not prompts:
         raise RequestError("Give at least one prompt.", param="text")
-    if req.stream and batch:
-        raise RequestError("stream=true takes a single prompt", param="stream")
     ids = [p if isinstance(p, list) else front.tokenize(p) for p in prompts]
-    params = per_prompt_params(req.sampling_params, len(ids))
-    choices = [Choice(i, p, r) for i, p, r in zip(ids, params, _rids(req.rid, len(ids)),
-                                                  strict=True)]
+    params = per_prompt_params(_sampling(req.sampling_params), len(ids))
+    requests = expand_n(ids, params, _rids(req.rid, len(ids)))
+    if req.stream and len(requests) > 1:
+        raise RequestError("stream=true takes a single prompt and n=1", param="stream")
+    choices = [Choice(i, p, r or uuid.uuid4().hex) for i, p, r in requests]
     observer = ctx.metrics.observer() if ctx.metrics is not None else None
     gen = Generation(front, choices, observer)
     if req.stream:
         return await sse_response(request, _chunks(gen))
     finals = await until_disconnected(request, gen.finals())
     results = [result_dict(out) for out in finals]
-    return JSONResponse(results if batch else results[0])
+    return JSONResponse(results if batch or len(results) > 1 else results[0])
 
 
-def _rids(rid: str | list[str] | None, n: int) -> list[str]:
+def _sampling(p: Any) -> dict[str, Any] | list[dict[str, Any] | None] | None:
+    if isinstance(p, list):
+        return [native_params(x) for x in p]  # type: ignore[misc]
+    return native_params(p)
+
+
+def _rids(rid: str | list[str] | None, n: int) -> list[str | None]:
     if rid is None:
-        return [uuid.uuid4().hex for _ in range(n)]
+        return [None] * n
     rids = [rid] if isinstance(rid, str) else rid
     if len(rids) != n:
         raise RequestError("rid must have one entry per prompt", param="rid")
-    return rids
+    return list(rids)
 
 
 async def _chunks(gen: Generation) -> AsyncIterator[dict[str, Any]]:

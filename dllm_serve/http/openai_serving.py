@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dllm_serve.errors import RequestError
+from dllm_serve.http.body import parse_body
 from dllm_serve.http.bridge import Choice, Generation, Update, until_disconnected
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
@@ -29,13 +30,13 @@ from dllm_serve.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
-    dllm_overrides,
     message_dicts,
-    parse_body,
     prompt_batch,
+    unused_and_overrides,
 )
 from dllm_serve.http.sse import sse_response
 from dllm_serve.managers.tokenizer_manager import GenOutput
+from dllm_serve.request_fields import CHAT, OPENAI
 from dllm_serve.sampling_params import SamplingParams
 
 
@@ -57,33 +58,38 @@ class Head:
 async def create_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
     req = parse_body(CompletionRequest, body)
     ctx.check_model(req.model)
+    overrides = unused_and_overrides(req, OPENAI)
     front = ctx.require_front()
     prompts = [p if isinstance(p, list) else front.tokenize(p) for p in prompt_batch(req.prompt)]
     default = None if "max_tokens" in req.model_fields_set else COMPLETION_MAX_TOKENS
-    return await _serve(ctx, request, req, prompts, req.max_tokens, default, chat=False)
+    return await _serve(ctx, request, req, prompts, (req.max_tokens, default), overrides,
+                        chat=False)
 
 
 async def create_chat_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
     req = parse_body(ChatCompletionRequest, body)
     ctx.check_model(req.model)
+    overrides = unused_and_overrides(req, CHAT)
     front = ctx.require_front()
     try:
         text = front.tokenizer.apply_chat_template(message_dicts(req.messages))
     except (ValueError, JinjaError) as e:
         raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    return await _serve(ctx, request, req, [front.tokenize(text)], max_tokens, None, chat=True)
+    return await _serve(ctx, request, req, [front.tokenize(text)], (max_tokens, None),
+                        overrides, chat=True)
 
 
 async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
-                 prompts: list[list[int]], max_tokens: int | None, default: int | None,
-                 chat: bool) -> Response:
-    """max_tokens: as asked, or when None the route's default (None: no limit) cut to what
-    fits, so that leaving it out never fails; an explicit value that cannot fit is a 400."""
+                 prompts: list[list[int]], lengths: tuple[int | None, int | None],
+                 overrides: dict[str, Any], chat: bool) -> Response:
+    """lengths: (max_tokens as asked, the route's default). When max_tokens is None the
+    default (None: no limit) is cut to what fits, so that leaving it out never fails; an
+    explicit value that cannot fit is a 400."""
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed with stream=true",
                            param="stream_options")
-    overrides = dllm_overrides(req)
+    max_tokens, default = lengths
     prefix = "chatcmpl" if chat else "cmpl"
     head = Head(f"{prefix}-{uuid.uuid4().hex}", "chat.completion" if chat else "text_completion",
                 int(time.time()), ctx.model_name, chat)
@@ -110,11 +116,15 @@ def _params(req: SamplingFields, max_new_tokens: int, overrides: dict[str, Any],
             copy: int) -> SamplingParams:
     """OpenAI fields -> SamplingParams (choice `copy` of its prompt)."""
     fields = {
-        "max_new_tokens": max_new_tokens,
+        "max_new_tokens": max_new_tokens, "min_new_tokens": req.min_tokens,
         "temperature": 0.0 if req.temperature is None else req.temperature,
         "top_p": 1.0 if req.top_p is None else req.top_p,
-        "stop": req.stop or [], "stop_token_ids": req.stop_token_ids or [],
-        "ignore_eos": req.ignore_eos,
+        "top_k": -1 if req.top_k is None else req.top_k,
+        "min_p": 0.0 if req.min_p is None else req.min_p,
+        "stop": req.stop or [], "stop_regex": req.stop_regex or [],
+        "stop_token_ids": req.stop_token_ids or [], "ignore_eos": req.ignore_eos,
+        "no_stop_trim": req.no_stop_trim, "skip_special_tokens": req.skip_special_tokens,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "seed": None if req.seed is None else (req.seed + copy) % 2**63,
     }
     try:

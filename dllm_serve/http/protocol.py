@@ -1,75 +1,95 @@
-"""Request bodies (pydantic, strict types) and the rules for fields we do not implement.
+"""Request bodies (pydantic, strict types): what every route accepts, as /openapi.json shows it.
 
-Bodies are JSON objects in UTF-8, of valid Unicode (a lone UTF-16 surrogate such as "\\ud800" is
-refused), nested at most MAX_DEPTH levels deep.
-Types are strict: "2" is not an integer and 1 is not a boolean. A field of OpenAI's API that
-dllm-serve does not implement is a 400 naming it, unless it carries its "off" value (some
-clients send those by default). `dllm_<name>` fields are per-request settings of the running
-decoding algorithm, checked by the algorithm itself.
+Types are strict: "2" is not an integer and 1 is not a boolean. Floats must be finite and within
+float32's range. Fields of SGLang's and OpenAI's APIs that dllm-serve accepts but does not use
+come from the one table in `dllm_serve/request_fields.py` (declared here so the schema lists
+them; checked by `unused_and_overrides`). `dllm_<name>` fields are per-request settings of the
+running decoding algorithm, checked by the algorithm itself. Bodies are read and parsed by
+body.py before validation.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from dllm_serve.http.errors import APIError, validation_message
+from dllm_serve.errors import RequestError
+from dllm_serve.request_fields import (
+    ANY,
+    CHAT,
+    GENERATE,
+    NONE_LIST,
+    OPENAI,
+    SAMPLING,
+    check_unused,
+)
+from dllm_serve.request_fields import fields_of as table_fields
+from dllm_serve.sampling_params import DLLM_PREFIX, FLOAT32_MAX, MAX_N
 
-M = TypeVar("M", bound=BaseModel)
-
-DLLM_PREFIX = "dllm_"
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens of /v1/completions
-MAX_DEPTH = 64  # OpenAI's bodies need about 5 levels
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-# Unimplemented OpenAI fields -> the values that mean "not used".
-NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "echo": (False,), "suffix": (None, ""), "logprobs": (None, False), "top_logprobs": (None,),
-    "logit_bias": (None, {}), "best_of": (None, 1), "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None, True, False), "response_format": (None, {"type": "text"}),
-    "functions": (None, []), "function_call": (None, "none"), "store": (None, False),
-    "metadata": (None, {}), "service_tier": (None, "auto", "default"),
-    "modalities": (None, ["text"]), "reasoning_effort": (None,), "prediction": (None,),
-    "audio": (None,), "web_search_options": (None,),
-}
+DLLM_DOC = ("dllm_<setting>: a per-request setting of the running decoding algorithm "
+            "(e.g. dllm_threshold); other extra fields are a 400.")
+
+
+def _float(low: float, high: float = FLOAT32_MAX, above: bool = False) -> Any:
+    bound = {"gt": low} if above else {"ge": low}
+    return Annotated[float, Field(le=high, allow_inf_nan=False, **bound)]
+
+
+Temperature = _float(0.0)  # < 1e-5: greedy
+TopP = _float(0.0, 1.0, above=True)
+MinP = _float(0.0, 1.0)
+TopK = Annotated[int, Field(ge=-1)]  # -1: off; 0 is refused
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Count = Annotated[int, Field(ge=0)]
+Rid = Annotated[str, Field(min_length=1)]  # "" would be replaced by a random id, unabortable
+Stops = str | list[str] | None
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class Lenient(BaseModel):
-    """Extra fields are kept (model_extra) and sorted out by `dllm_overrides`."""
+class WithOverrides(BaseModel):
+    """Extra fields are kept (model_extra) and sorted out by `unused_and_overrides`."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow",
+                              json_schema_extra={"additionalProperties": {
+                                  "type": "number", "description": DLLM_DOC}})
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # accepted; usage comes in the last chunk only
 
 
-class SamplingFields(Lenient):
-    """What /v1/completions and /v1/chat/completions share (plus SGLang's ignore_eos and
-    stop_token_ids). temperature absent = 0: dLLM decoding is greedy unless asked."""
+class SamplingFields(WithOverrides):
+    """What /v1/completions and /v1/chat/completions share (with SGLang's and vLLM's extras).
+    temperature absent = 0: dLLM decoding is greedy unless asked."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=128)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    min_tokens: Count = 0
+    stop: Stops = None
+    stop_regex: Stops = None
+    stop_token_ids: list[int] | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     user: str | None = None
 
 
-class CompletionRequest(SamplingFields):
-    prompt: Any  # str | list[str] | list[int] | list[list[int]]; see prompt_batch
+class _Completion(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]  # see prompt_batch
     # Absent: COMPLETION_MAX_TOKENS (OpenAI's 16) or fewer if fewer fit; null: as many as fit.
     max_tokens: int | None = Field(None, ge=1)
 
@@ -85,23 +105,75 @@ class ChatMessage(Strict):
     name: str | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class _Chat(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; same meaning
     max_completion_tokens: int | None = Field(None, ge=1)  # absent: as many as fit
 
 
-Rid = Annotated[str, Field(min_length=1)]  # "" would be replaced by a random id, unabortable
+class _NativeSampling(WithOverrides):
+    """SGLang's native sampling_params (dllm-serve's SamplingParams)."""
+
+    max_new_tokens: Count | None = None  # absent or null: 128 or fewer if fewer fit; 0: empty
+    min_new_tokens: Count | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stop: Stops = None
+    stop_regex: Stops = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    seed: Seed | None = None
 
 
-class GenerateRequest(Strict):
+def _with_table(name: str, base: type[BaseModel], scope: str) -> Any:
+    """`base` plus the table's fields of `scope`, each documented with its off values."""
+    extra = {field: (Any, Field(None, description=_describe(f.off, f.why),
+                                json_schema_extra=_values(f.off)))
+             for field, f in table_fields(scope).items() if field not in base.model_fields}
+    return create_model(name, __base__=base, __doc__=base.__doc__, **extra)
+
+
+def _values(off: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The JSON-schema of the accepted values: any (ANY), null or a list of nulls, or an enum
+    of the off values."""
+    if off is ANY:
+        return None
+    if off is NONE_LIST:
+        return {"anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "null"}}]}
+    return {"enum": list(off)}
+
+
+def _describe(off: tuple[Any, ...], why: str) -> str:
+    if off is ANY:
+        return f"Accepted and ignored: {why}."
+    if off is NONE_LIST:
+        return "Not implemented: accepted only as null (or a list of nulls)."
+    return "Not implemented: accepted only at its off value(s) " + ", ".join(
+        "null" if o is None else repr(o) for o in off) + "."
+
+
+CompletionRequest = _with_table("CompletionRequest", _Completion, OPENAI)
+ChatCompletionRequest = _with_table("ChatCompletionRequest", _Chat, CHAT)
+NativeSamplingParams = _with_table("NativeSamplingParams", _NativeSampling, SAMPLING)
+
+
+class _Generate(Strict):
     """SGLang's native /generate: text or input_ids (one or a batch)."""
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    sampling_params: NativeSamplingParams | list[NativeSamplingParams] | None = None
     stream: bool = False
     rid: Rid | list[Rid] | None = None
+
+
+GenerateRequest = _with_table("GenerateRequest", _Generate, GENERATE)
 
 
 class AbortRequest(Strict):
@@ -109,79 +181,38 @@ class AbortRequest(Strict):
     abort_all: bool = False
 
 
-def parse_body(model: type[M], body: bytes) -> M:
-    """JSON bytes -> a validated request; 400 with a readable message otherwise."""
-    try:
-        text = body.decode("utf-8-sig")  # strict: no encoded surrogates, no other encodings
-        obj = json.loads(text)
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"The request body is not valid UTF-8: {e}") from None
-    except ValueError as e:
-        raise APIError(400, f"The request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise _too_deep() from None
-    if not isinstance(obj, dict):
-        raise APIError(400, "The request body must be a JSON object.")
-    _check_depth(obj, text)
-    _check_unicode(obj, text)
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        message, param = validation_message(list(e.errors()))
-        raise APIError(400, message, param=param) from None
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: str | list[str]
+    add_special_tokens: bool = True
 
 
-def _check_depth(obj: object, text: str) -> None:
-    """400 if containers nest deeper than MAX_DEPTH (walked only when the body has that many
-    brackets at all)."""
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
-        return
-    level: list[tuple[object, int]] = [(obj, 1)]
-    while level:
-        value, depth = level.pop()
-        if depth > MAX_DEPTH:
-            raise _too_deep()
-        children = value.values() if isinstance(value, dict) else value  # only containers
-        level.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
 
 
-def _too_deep() -> APIError:
-    return APIError(400, f"The request body nests deeper than {MAX_DEPTH} levels.")
-
-
-def _check_unicode(obj: object, text: str) -> None:
-    """400 for a lone surrogate escape (valid JSON, but not Unicode text: the tokenizer and
-    every UTF-8 encoder refuse it). Checked only when the body has a surrogate escape."""
-    if not _SURROGATE_ESCAPE.search(text):
-        return
-    try:
-        json.dumps(obj, ensure_ascii=False).encode()
-    except UnicodeEncodeError as e:
-        raise APIError(400, f"The request body has a lone UTF-16 surrogate "
-                       f"(\\u{ord(e.object[e.start]):x}), which is not valid Unicode.") from None
-
-
-def dllm_overrides(req: Lenient) -> dict[str, Any]:
-    """The request's dllm_* fields; raise 400 naming any other field we do not implement."""
+def unused_and_overrides(req: BaseModel, scope: str) -> dict[str, Any]:
+    """Check the table's fields of `scope` that the request set (400 naming one at a value
+    dllm-serve cannot honour) and its extra fields: the dllm_* ones are returned, any other
+    is a 400 naming it."""
+    table = table_fields(scope)
+    check_unused({k: getattr(req, k) for k in req.model_fields_set if k in table}, scope)
     extra = dict(req.model_extra or {})
     overrides = {k: v for k, v in extra.items() if k.startswith(DLLM_PREFIX)}
-    bad = sorted(k for k, v in extra.items()
-                 if k not in overrides and not (k in NEUTRAL and _is_neutral(v, NEUTRAL[k])))
+    bad = sorted(k for k in extra if k not in overrides)
     if bad:
-        raise APIError(400, f"Unsupported field(s): {', '.join(bad)}. dllm-serve does not "
-                       f"implement them; remove them from the request.", param=bad[0])
+        raise RequestError(f"Unsupported field(s): {', '.join(bad)}. dllm-serve does not "
+                           f"implement them; remove them from the request.", param=bad[0])
     return overrides
 
 
-def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    return any(_same(value, n) for n in neutral)
-
-
-def _same(value: Any, neutral: Any) -> bool:
-    """Equality that keeps booleans apart from numbers (False is not a penalty of 0)."""
-    if neutral is None or isinstance(neutral, bool):
-        return value is neutral
-    return not isinstance(value, bool) and value == neutral
+def native_params(p: BaseModel | None) -> dict[str, Any] | None:
+    """A /generate sampling_params model -> the dict SamplingParams.from_dict takes."""
+    if p is None:
+        return None
+    return {**p.model_dump(exclude_unset=True), **(p.model_extra or {})}
 
 
 def prompt_batch(prompt: Any) -> list[str | list[int]]:
@@ -195,10 +226,10 @@ def prompt_batch(prompt: Any) -> list[str | list[int]]:
             return [list(prompt)]
         if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
             return [list(p) for p in prompt]
-    if prompt == []:
-        raise APIError(400, "Prompt cannot be empty.", param="prompt")
-    raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a "
-                   "list of token-id lists.", param="prompt")
+    if prompt == [] or prompt == [[]]:
+        raise RequestError("Prompt cannot be empty.", param="prompt")
+    raise RequestError("prompt must be a string, a list of strings, a list of token ids or a "
+                       "list of token-id lists.", param="prompt")
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -212,8 +243,8 @@ def _text(content: str | list[ContentPart] | None) -> str:
         return content or ""
     kinds = sorted({p.type for p in content if p.type != "text"})
     if kinds:
-        raise APIError(400, f"Unsupported content part type(s): {', '.join(kinds)}; only "
-                       f"text is supported.", param="messages")
+        raise RequestError(f"Unsupported content part type(s): {', '.join(kinds)}; only "
+                           f"text is supported.", param="messages")
     return "".join(p.text or "" for p in content)
 
 

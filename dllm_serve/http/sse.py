@@ -16,7 +16,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from dllm_serve.http.bridge import until_disconnected
-from dllm_serve.http.errors import as_api_error
+from dllm_serve.http.errors import as_api_error, request_id
 
 DONE = "data: [DONE]\n\n"
 HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -33,7 +33,8 @@ async def sse_response(request: Request, chunks: AsyncIterator[dict[str, Any]],
         first: dict[str, Any] | None = await until_disconnected(request, anext(chunks))
     except StopAsyncIteration:
         first = None
-    return _SSEResponse(_frames(first, chunks), media_type="text/event-stream", headers=HEADERS)
+    frames = _frames(first, chunks, request_id(request))
+    return _SSEResponse(frames, media_type="text/event-stream", headers=HEADERS)
 
 
 class _SSEResponse(StreamingResponse):
@@ -49,15 +50,15 @@ class _SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _frames(first: dict[str, Any] | None,
-                  chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[str, None]:
+async def _frames(first: dict[str, Any] | None, chunks: AsyncIterator[dict[str, Any]],
+                  rid: str | None) -> AsyncGenerator[str, None]:
     try:
         if first is not None:
             yield frame(first)
             async for chunk in chunks:
                 yield frame(chunk)
     except Exception as e:  # noqa: BLE001 - any failure mid-stream becomes an error event
-        yield frame(as_api_error(e).body())
+        yield frame(as_api_error(e, rid).body())
     finally:
         await _close(chunks)
     yield DONE

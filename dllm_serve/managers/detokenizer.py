@@ -13,12 +13,16 @@ class IncrementalDetokenizer:
 
     While the request runs, a trailing U+FFFD (half a UTF-8 character) and a trailing prefix of
     a stop string are held back, so no client ever sees text that a later block retracts.
-    On a stop-string finish the text ends just before the matched string.
+    On a stop-string (or stop-regex) finish the text ends just before the matched string, or
+    after it with keep_stop (SGLang's no_stop_trim). A stop regex is not held back while
+    streaming: a match that spans two blocks may have sent its beginning already.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: list[str]) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str],
+                 keep_stop: bool = False) -> None:
         self.decode = decode
         self.stops = stops
+        self.keep_stop = keep_stop
         self.sent = 0
         self.text = ""
 
@@ -32,7 +36,8 @@ class IncrementalDetokenizer:
             matched = finish_reason.get("matched")
             if finish_reason.get("type") == "stop" and isinstance(matched, str):
                 cut = text.find(matched)
-                text = text[:cut] if cut >= 0 else text
+                if cut >= 0:
+                    text = text[:cut + len(matched) if self.keep_stop else cut]
             limit = len(text)
         limit = max(limit, self.sent)
         delta = text[self.sent:limit]

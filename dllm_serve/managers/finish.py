@@ -1,13 +1,17 @@
 """Commit a block's new tokens to a request and decide whether it finished.
 
 Finish conditions, checked token by token in order: EOS (unless ignore_eos), a stop token id,
-max_new_tokens; then stop strings on the decoded text. Tokens after the finishing one are
-dropped, so EOS and stop strings truncate inside a block. The finishing token is kept in
-output_ids (SGLang's convention); the front cuts the text at a matched stop string.
+max_new_tokens; then stop strings and stop regexes on the decoded text. EOS and stop tokens do
+not count before min_new_tokens tokens (they stay in the output as ordinary tokens; stop
+strings still end it, as in SGLang). Tokens
+after the finishing one are dropped, so EOS and stop strings truncate inside a block. The
+finishing token is kept in output_ids (SGLang's convention); the front cuts the text at a
+matched stop string or regex match (`matched` holds the matched text).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -31,29 +35,46 @@ class FinishChecker:
             req.finish_reason = self._token_finish(req, t)
             if req.finish_reason is not None:
                 break
-        if req.params.stop and self.decode is not None:
+        if (req.params.stop or req.params.stop_regex) and self.decode is not None:
             self._stop_strings(req, start)
         return np.asarray(req.output_ids[start:], dtype=np.int64)
 
     def _token_finish(self, req: Req, token: int) -> dict | None:
         params = req.params
+        if len(req.output_ids) < params.min_new_tokens:  # EOS / stop tokens do not count yet
+            return _length(req)
         if token in self.eos_ids and not params.ignore_eos:
             return {"type": "stop", "matched": token}
         if token in params.stop_token_ids:
             return {"type": "stop", "matched": token}
-        if len(req.output_ids) >= params.max_new_tokens:
-            return {"type": "length", "length": params.max_new_tokens}
-        return None
+        return _length(req)
 
     def _stop_strings(self, req: Req, start: int) -> None:
-        """Finish at the first stop string that ends inside the tokens added since start."""
+        """Finish at the first stop string or regex match that ends inside the tokens added
+        since start (min_new_tokens does not hold these back, as in SGLang)."""
         assert self.decode is not None
-        stops = req.params.stop
-        if find_stop(self.decode(req.output_ids), stops) is None:
+        params = req.params
+        if _find(self.decode(req.output_ids), params.stop, params.stop_regex) is None:
             return
         for n in range(start + 1, len(req.output_ids) + 1):
-            hit = find_stop(self.decode(req.output_ids[:n]), stops)
+            hit = _find(self.decode(req.output_ids[:n]), params.stop, params.stop_regex)
             if hit is not None:
                 del req.output_ids[n:]
                 req.finish_reason = {"type": "stop", "matched": hit[1]}
                 return
+
+
+def _length(req: Req) -> dict | None:
+    limit = req.params.max_new_tokens
+    return {"type": "length", "length": limit} if len(req.output_ids) >= limit else None
+
+
+def _find(text: str, stops: list[str], regexes: list[str]) -> tuple[int, str] | None:
+    """The earliest stop string or regex match in text: (index, the matched text)."""
+    hits = [h for h in [find_stop(text, stops), *(_search(text, r) for r in regexes)] if h]
+    return min(hits, default=None, key=lambda h: h[0])
+
+
+def _search(text: str, pattern: str) -> tuple[int, str] | None:
+    found = re.search(pattern, text)
+    return None if found is None else (found.start(), found.group(0))

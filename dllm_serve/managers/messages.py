@@ -123,6 +123,8 @@ class ReqSettings:
     seed: int = 0
     params: dict[str, float] = field(default_factory=dict)  # per-request algorithm overrides
     stop_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top_k: int = -1  # -1: off
+    min_p: float = 0.0
 
 
 @dataclass

@@ -179,7 +179,8 @@ class ResidentBatch:
             block_ids=ids, num_blocks=counts, first_starts=[r.first_start for r in reqs],
             temperatures=[r.settings.temperature for r in reqs],
             top_ps=[r.settings.top_p for r in reqs], seeds=[r.settings.seed for r in reqs],
-            params=self.storage.req_params, block_steps=steps)
+            params=self.storage.req_params, block_steps=steps,
+            top_ks=[r.settings.top_k for r in reqs], min_ps=[r.settings.min_p for r in reqs])
         n = len(rows)
         s = self.storage
         batch.bind_rows(s.row_req[:n], s.row_start[:n], s.row_seed[:n])
@@ -206,7 +207,8 @@ class ResidentBatch:
             b.row, b.init_ids, b.init_state = i, None, None
         o = old.batch
         batch = DenoiseBatch(o.block_ids, o.num_blocks, [r.first_start for r in old.reqs],
-                             o.temperatures, o.top_ps, o.seeds, o.params, steps)
+                             o.temperatures, o.top_ps, o.seeds, o.params, steps,
+                             top_ks=o.top_ks, min_ps=o.min_ps)
         batch.bind_rows(o.row_req, o.row_start, o.row_seed)
         return Layout(old.reqs, rows, old.owners, batch, old.state)
 

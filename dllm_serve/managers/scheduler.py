@@ -241,8 +241,11 @@ class Scheduler:
     def _settings(self, req: Req) -> ReqSettings:
         p = req.params
         stop = set(p.stop_token_ids) | (set() if p.ignore_eos else self.finish.eos_ids)
+        if p.min_new_tokens:  # an early stop token does not end it: the finish check decides
+            stop = set()
         return ReqSettings(req.prompt_len, req.max_end, p.temperature, p.top_p, req.seed,
-                           dict(p.dllm), np.array(sorted(stop), dtype=np.int64))
+                           dict(p.dllm), np.array(sorted(stop), dtype=np.int64),
+                           top_k=p.top_k, min_p=p.min_p)
 
     def _top_up(self, req: Req) -> None:
         """Map pages ahead again once fewer than half the lookahead blocks are left (so a page

@@ -117,7 +117,8 @@ class TokenizerManager:
             params.verify(vocab)
             params.dllm = self.algorithm.validate_request_params(params.dllm)
         except ValueError as e:
-            raise RequestError(str(e)) from None
+            raise RequestError(str(e), param=_param_of(str(e))) from None
+        params.normalize()
         n, ctx = len(input_ids), self.context_length
         if n >= ctx:
             raise RequestError(f"The input ({n} tokens) is longer than the model's context "
@@ -139,11 +140,22 @@ class TokenizerManager:
         with self.states_lock:
             if rid in self.states:
                 raise RequestError(f"Duplicate request id {rid!r}.")
-            detok = IncrementalDetokenizer(self.tokenizer.decode, params.stop)
-            self.states[rid] = ReqState(params, callback, detok)
+            self.states[rid] = ReqState(params, callback, self._detokenizer(params))
+        if params.max_new_tokens == 0:  # SGLang's prefill-only request: nothing to generate
+            self._deliver(ReqOutput(rid, np.zeros(0, dtype=np.int64), True,
+                                    {"type": "length", "length": 0}, len(input_ids)))
+            return rid
         ids = np.asarray(input_ids, dtype=np.int64)
         self._send(GenerateReq(rid, ids, params, time.monotonic()))
         return rid
+
+    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
+        skip = params.skip_special_tokens
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip)
+
+        return IncrementalDetokenizer(decode, params.stop, params.no_stop_trim)
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
         if rid is None and not abort_all:
@@ -258,3 +270,9 @@ class TokenizerManager:
         self.tx.sock.close()
         self.rx.sock.close()
         self.ctx.term()
+
+
+def _param_of(message: str) -> str | None:
+    """The field a verify() message names first (its first word, dllm_ settings included)."""
+    word = message.split(" ", 1)[0].rstrip(":=,")
+    return word if word.replace("_", "").isalnum() else None

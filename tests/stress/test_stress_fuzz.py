@@ -15,14 +15,24 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import schemathesis
 from http_helpers import Server, pools_whole, start_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 from stress_helpers import (
     LONG,
     assert_clean_log,
@@ -42,9 +52,12 @@ PAYLOAD_LIMIT = 256 * 1024
 CLIENT_TIMEOUT = httpx.Timeout(REQUEST_TIMEOUT_S + 15, connect=10)
 EXAMPLES = {"structured": scale(300, 20_000), "raw": scale(150, 10_000),
             "paths": scale(100, 5000)}
-POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate", "/abort_request")
-GET_ROUTES = ("/v1/models", "/v1/models/{model_id}", "/health", "/health_generate",
-              "/get_server_info", "/get_model_info", "/metrics")
+POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate", "/abort_request",
+               "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/flush_cache")
+GET_ROUTES = ("/v1/models", "/v1/models/{model_id}", "/health", "/health_generate", "/ready",
+              "/get_server_info", "/server_info", "/get_model_info", "/model_info", "/get_load",
+              "/tokenizer_info", "/flush_cache", "/metrics")
+EXTREME_FLOATS = (1e308, -1e308, 5e-324, 3.5e38, -0.0)
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD")
 CASES: Counter[str] = Counter()  # requests sent, by test
 ROUTES: Counter[str] = Counter()  # requests sent, by route
@@ -130,7 +143,13 @@ FIELDS: dict[str, tuple[Fields, Fields]] = {
     "/generate": ({}, {"sampling_params": st.one_of(native_params, st.lists(
         native_params, min_size=1, max_size=1)), "stream": st.booleans(), "rid": words}),
     "/abort_request": ({"rid": words}, {"abort_all": st.just(False)}),  # all: dull
+    "/tokenize": ({"prompt": st.one_of(words, st.lists(words, max_size=3))},
+                  {"add_special_tokens": st.booleans(), "model": st.just("tiny")}),
+    "/detokenize": ({"tokens": st.one_of(valid_ids, st.lists(valid_ids, max_size=3))},
+                    {"skip_special_tokens": st.booleans()}),
+    "/flush_cache": ({}, {}),
 }
+FIELDS["/v1/tokenize"], FIELDS["/v1/detokenize"] = FIELDS["/tokenize"], FIELDS["/detokenize"]
 native_prompts = st.one_of(st.fixed_dictionaries({"text": st.one_of(words, st.lists(
     words, min_size=1, max_size=1))}), st.fixed_dictionaries({"input_ids": st.one_of(
         valid_ids, st.lists(valid_ids, min_size=1, max_size=1))}))
@@ -264,6 +283,88 @@ def test_fuzz_paths_methods_and_queries(server: Server, client: httpx.Client, ro
         path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
     send(client, server, "paths", method, path, b"{}" if method == "POST" else None,
          route=route)
+
+
+# ---- extreme floats into every field of every body ---------------------------------------------
+
+BASES: dict[str, dict[str, Any]] = {  # a valid body per POST route that has one
+    "/v1/completions": {"model": "tiny", "prompt": "x", "max_tokens": 2},
+    "/v1/chat/completions": {"model": "tiny", "max_tokens": 2,
+                             "messages": [{"role": "user", "content": "x"}]},
+    "/generate": {"text": "x", "sampling_params": {"max_new_tokens": 2}},
+    "/abort_request": {"rid": "nobody"},
+    "/tokenize": {"prompt": "x"}, "/v1/tokenize": {"prompt": "x"},
+    "/detokenize": {"tokens": [5]}, "/v1/detokenize": {"tokens": [5]},
+}
+GENERATION = ("/v1/completions", "/v1/chat/completions", "/generate")
+
+
+def extreme_bodies(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(route, body) with one field of the route's documented body (a /generate
+    sampling_params field or a dllm_ setting included, a token id of /detokenize too) set to
+    each of EXTREME_FLOATS."""
+    out = []
+    for route, base in BASES.items():
+        body_ref = schema["paths"][route]["post"]["requestBody"]["content"][
+            "application/json"]["schema"]["$ref"]
+        names = list(schema["components"]["schemas"][body_ref.split("/")[-1]]["properties"])
+        for value in EXTREME_FLOATS:
+            out += [(route, {**base, name: value}) for name in names]
+            if route in GENERATION:
+                out.append((route, {**base, "dllm_threshold": value}))
+            if route == "/generate":
+                sampling = schema["components"]["schemas"]["NativeSamplingParams"]["properties"]
+                out += [(route, {**base, "sampling_params": {"max_new_tokens": 2, name: value}})
+                        for name in [*sampling, "dllm_threshold"] if name != "max_new_tokens"]
+            if "tokens" in base:
+                out.append((route, {"tokens": [value]}))
+    return out
+
+
+def test_extreme_floats_in_every_field(server: Server, client: httpx.Client) -> None:
+    """1e308, -1e308, 5e-324, 3.5e38 and -0.0 in every field of every body: a 2xx or a 4xx
+    naming the field, and the engine survives (issue 13)."""
+    cases = extreme_bodies(client.get(server.url("/openapi.json")).json())
+
+    def one(case: tuple[str, dict[str, Any]]) -> None:
+        route, body = case
+        send(client, server, "extreme floats", "POST", route, json.dumps(body).encode())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, cases))
+    assert server.get("/health").status_code == 200
+    report(f"fuzz: {len(cases)} bodies with an extreme float in one field "
+           f"({len(EXTREME_FLOATS)} values x every field of {len(BASES)} routes)")
+
+
+# ---- schemathesis over the OpenAPI document -----------------------------------------------------
+
+ST_EXAMPLES = scale(20, 400)  # per operation and generation mode
+
+
+@pytest.fixture(scope="module")
+def api_schema(server: Server) -> Any:
+    schema = schemathesis.openapi.from_url(server.url("/openapi.json"))
+    schema.config.update(base_url=server.base)
+    schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+                                    max_examples=ST_EXAMPLES, deterministic=not LONG)
+    return schema
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+def test_schemathesis(case: Any) -> None:
+    """Every documented operation, positive and negative data: no 5xx, no status, content
+    type or body the document does not list, and invalid data rejected."""
+    CASES["schemathesis"] += 1
+    ROUTES[case.path] += 1
+    response = case.call(timeout=CLIENT_TIMEOUT.read)
+    STATUSES[response.status_code] += 1
+    case.validate_response(response, checks=[
+        not_a_server_error, status_code_conformance, content_type_conformance,
+        response_schema_conformance, negative_data_rejection])
 
 
 def test_fuzzers_cover_every_route(server: Server) -> None:

@@ -39,8 +39,9 @@ pytestmark = pytest.mark.stress
 KEY = "sk-stress"
 TIMEOUT_S = 3.0
 PAYLOAD = 4096
-OPEN = {"/health", "/health_generate", "/metrics"}
-POSTS = ("/v1/completions", "/v1/chat/completions", "/generate", "/abort_request")
+OPEN = {"/health", "/health_generate", "/ready", "/metrics"}
+POSTS = ("/v1/completions", "/v1/chat/completions", "/generate", "/abort_request", "/tokenize",
+         "/v1/tokenize", "/detokenize", "/v1/detokenize")  # the routes that read a body
 ENDLESS = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True}
 
 

@@ -50,9 +50,12 @@ FLAGS = ("--max-running-requests", "16", "--context-length", str(CONTEXT),
          "--served-model-name", "tiny")
 CLIENT_TIMEOUT_S = scale(120.0, 600.0)  # a request still unanswered by then is a hang
 # Request kinds and their weights (per 100). The disconnect kinds add up to 25.
-KINDS = {"completion": 12, "completion_stream": 12, "chat": 8, "chat_stream": 8, "generate": 8,
+KINDS = {"completion": 10, "completion_stream": 12, "chat": 7, "chat_stream": 8, "generate": 7,
          "generate_stream": 7, "leave_stream": 20, "leave_waiting": 5, "abort": 15,
-         "invalid": 5}
+         "invalid": 5, "extreme": 4}
+EXTREME_FLOATS = (1e308, -1e308, 5e-324, 3.5e38, -0.0)
+EXTREME_FIELDS = ("temperature", "top_p", "min_p", "dllm_threshold", "frequency_penalty",
+                  "repetition_penalty", "top_k", "seed")
 STOPS = ["in", "3", "!", " a", "x y"]
 WORDS = ["apples", "the", "3", "in", "plus", "Tom", "!", "buys", "é", "日本"]
 
@@ -244,6 +247,31 @@ class Soak:
         assert_openai_error(r)
         return Outcome("invalid")
 
+    async def extreme(self) -> Outcome:
+        """An extreme float (issue 13) in one sampling field: served (200) or a 400 naming it."""
+        field, value = self.rng.choice(EXTREME_FIELDS), self.rng.choice(EXTREME_FLOATS)
+        text = self.text()
+        native = self.rng.random() < 0.5
+        if native:
+            route, body = "/generate", {"text": text, "sampling_params": {
+                "max_new_tokens": self.rng.randint(1, 8), field: value}}
+        else:
+            route, body = "/v1/completions", {"model": "tiny", "prompt": text, field: value,
+                                              "max_tokens": self.rng.randint(1, 8)}
+        r = await self.client.post(self.url(route), json=body)
+        if r.status_code == 400:
+            assert field in assert_openai_error(r)["message"], r.text
+            return Outcome("extreme")
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        meta = answer["meta_info"] if native else None
+        usage = answer["usage"] if not native else None
+        reason = meta["finish_reason"]["type"] if meta else answer["choices"][0]["finish_reason"]
+        prompt = meta["prompt_tokens"] if meta else usage["prompt_tokens"]
+        done = meta["completion_tokens"] if meta else usage["completion_tokens"]
+        assert prompt == len(self.tok.encode(text)) and reason in ("stop", "length")
+        return Outcome("extreme", 1, prompt, done, finished=Counter([reason]))
+
     # ---- helpers ----------------------------------------------------------------------------
 
     async def _stream(self, path: str, body: dict[str, Any]) -> list[Any]:
@@ -292,7 +320,7 @@ async def run_soak(server: Server, tok: Tokenizer) -> list[Outcome]:
             "generate_stream": lambda i: soak.generate(stream=True),
             "leave_stream": lambda i: soak.leave_stream(),
             "leave_waiting": lambda i: soak.leave_waiting(), "abort": soak.abort,
-            "invalid": lambda i: soak.invalid()}
+            "invalid": lambda i: soak.invalid(), "extreme": lambda i: soak.extreme()}
 
         async def one(i: int, kind: str) -> Outcome:
             async with gate:

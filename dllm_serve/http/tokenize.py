@@ -1,0 +1,55 @@
+"""/tokenize, /detokenize and /tokenizer_info: the served model's tokenizer over HTTP (SGLang's
+and vLLM's shapes; lm-eval's remote tokenizer reads them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_serve.errors import RequestError
+from dllm_serve.http.body import parse_body
+from dllm_serve.http.context import ServerContext
+from dllm_serve.http.protocol import DetokenizeRequest, TokenizeRequest
+
+
+def tokenize(ctx: ServerContext, body: bytes) -> dict[str, Any]:
+    req = parse_body(TokenizeRequest, body)
+    ctx.check_model(req.model)
+    tok = ctx.require_front().tokenizer
+    if isinstance(req.prompt, str):
+        ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": ctx.context_length}
+    lists = [tok.encode(p, add_special_tokens=req.add_special_tokens) for p in req.prompt]
+    return {"tokens": lists, "count": [len(i) for i in lists],
+            "max_model_len": ctx.context_length}
+
+
+def detokenize(ctx: ServerContext, body: bytes) -> dict[str, Any]:
+    req = parse_body(DetokenizeRequest, body)
+    ctx.check_model(req.model)
+    front = ctx.require_front()
+    batch = bool(req.tokens) and isinstance(req.tokens[0], list)
+    lists: list[list[int]] = req.tokens if batch else [req.tokens]  # type: ignore[assignment]
+    vocab = front.model_config.vocab_size
+    for ids in lists:
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).",
+                               param="tokens")
+    texts = [front.tokenizer.decode(ids, req.skip_special_tokens) for ids in lists]
+    text: str | list[str] = texts if batch else texts[0]
+    return {"text": text, "prompt": text}
+
+
+def tokenizer_info(ctx: ServerContext) -> dict[str, Any]:
+    tok = ctx.require_front().tokenizer
+    return {"tokenizer_class": str(tok.config.get("tokenizer_class") or "Tokenizer"),
+            "model_max_length": ctx.context_length, "vocab_size": tok.vocab_size,
+            "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+            "pad_token": _token(tok.config.get("pad_token")), "mask_token": tok.mask_token,
+            "add_bos_token": tok.add_bos_token, "chat_template": tok.chat_template}
+
+
+def _token(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None

@@ -1,0 +1,80 @@
+"""Finish rules added for SGLang's parameters: min_new_tokens (EOS and stop tokens do not end
+the output early), stop_regex, and the front's no_stop_trim / skip_special_tokens text."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dllm_serve.managers.detokenizer import IncrementalDetokenizer
+from dllm_serve.managers.finish import FinishChecker
+from dllm_serve.managers.req import Req
+from dllm_serve.sampling_params import SamplingParams
+
+EOS = 98
+
+
+def letters(ids: list[int]) -> str:
+    return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def req(**params: object) -> Req:
+    return Req("r", np.arange(3, dtype=np.int64), SamplingParams(**params), 0.0, 4, 0)
+
+
+def commit(checker: FinishChecker, r: Req, tokens: list[int]) -> list[int]:
+    return checker.commit(r, np.asarray(tokens, dtype=np.int64)).tolist()
+
+
+def test_eos_does_not_finish_before_min_new_tokens() -> None:
+    checker = FinishChecker({EOS}, letters)
+    r = req(max_new_tokens=10, min_new_tokens=3)
+    assert commit(checker, r, [EOS, EOS, 5, EOS]) == [EOS, EOS, 5, EOS]
+    assert r.finish_reason == {"type": "stop", "matched": EOS}
+    r = req(max_new_tokens=10, min_new_tokens=3, stop_token_ids=[5])
+    assert commit(checker, r, [5, 1, 5, 2]) == [5, 1, 5]
+    assert r.finish_reason == {"type": "stop", "matched": 5}
+    r = req(max_new_tokens=2, min_new_tokens=2)
+    assert commit(checker, r, [EOS, 5, EOS]) == [EOS, 5]
+    assert r.finish_reason == {"type": "length", "length": 2}
+
+
+def test_stop_regex_finishes_at_the_earliest_match() -> None:
+    checker = FinishChecker({EOS}, letters)
+    r = req(max_new_tokens=20, stop_regex=[r"c+d"], stop=["zz"])
+    assert commit(checker, r, [0, 1, 2, 2, 3, 4]) == [0, 1, 2, 2, 3]  # "abccd"
+    assert r.finish_reason == {"type": "stop", "matched": "ccd"}
+    r = req(max_new_tokens=20, stop_regex=[r"x"], stop=["bc"])
+    assert commit(checker, r, [0, 1, 2, 23]) == [0, 1, 2]  # "bc" comes before "x"
+    assert r.finish_reason == {"type": "stop", "matched": "bc"}
+
+
+def test_detokenizer_trims_or_keeps_the_stop_string() -> None:
+    reason = {"type": "stop", "matched": "ccd"}
+    trim = IncrementalDetokenizer(letters, [])
+    assert trim.update([0, 1, 2, 2, 3], reason) == "ab"
+    keep = IncrementalDetokenizer(letters, [], keep_stop=True)
+    assert keep.update([0, 1, 2, 2, 3], reason) == "abccd"
+
+
+def test_from_dict_maps_sglang_spellings() -> None:
+    p = SamplingParams.from_dict({"stop": "x", "stop_regex": "a+", "top_k": -1, "n": 1,
+                                  "min_p": 0.0, "stop_token_ids": None, "regex": None,
+                                  "json_schema": None, "frequency_penalty": 0.0,
+                                  "skip_special_tokens": True, "custom_params": {"a": 1},
+                                  "max_new_tokens": None, "dllm_threshold": 0.5})
+    assert p.stop == ["x"] and p.stop_regex == ["a+"] and p.stop_token_ids == []
+    assert p.max_new_tokens is None and p.dllm == {"threshold": 0.5}
+
+
+def test_min_new_tokens_through_scheduler_and_worker() -> None:
+    """Every generated token is EOS: the request runs past the early ones (the worker does not
+    drop it at the first) and ends at the first EOS at or after min_new_tokens."""
+    from local_engine import scripted_engine
+
+    e = scripted_engine(fill=14, eos=14)
+    e.submit("a", [1, 2], max_new_tokens=12, min_new_tokens=6)
+    e.submit("b", [1, 2], max_new_tokens=12)
+    outs = e.run()
+    assert outs["a"][-1].completion_tokens == 6
+    assert outs["a"][-1].finish_reason == {"type": "stop", "matched": 14}
+    assert outs["b"][-1].completion_tokens == 1

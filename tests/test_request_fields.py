@@ -1,0 +1,92 @@
+"""The one table of SGLang's unused fields, and the numeric limits of every float setting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dllm_serve.errors import RequestError
+from dllm_serve.http import protocol
+from dllm_serve.request_fields import (
+    ANY,
+    CHAT,
+    FIELDS,
+    GENERATE,
+    NONE_LIST,
+    OPENAI,
+    SAMPLING,
+    check_unused,
+)
+from dllm_serve.sampling_params import FLOAT32_MAX, SamplingParams
+
+EXTREMES = [1e308, -1e308, 5e-324, 3.5e38, -0.0, math.inf, math.nan, 1e400]
+
+
+@pytest.mark.parametrize("name", sorted(FIELDS))
+def test_every_field_accepts_its_off_values_and_names_itself_otherwise(name: str) -> None:
+    field = FIELDS[name]
+    scope = sorted(field.scopes)[0]
+    if field.off is ANY:
+        check_unused({name: "anything"}, scope)
+        return
+    offs = [None] if field.off is NONE_LIST else field.off
+    for off in offs:
+        check_unused({name: off}, scope)
+    with pytest.raises(RequestError) as e:
+        check_unused({name: "certainly-not-off"}, scope)
+    assert e.value.param == name and name in str(e.value) and "Unsupported" in str(e.value)
+
+
+def test_booleans_are_not_numbers() -> None:
+    with pytest.raises(RequestError):
+        check_unused({"frequency_penalty": False}, SAMPLING)
+    check_unused({"frequency_penalty": -0.0, "repetition_penalty": 1.0}, SAMPLING)
+    check_unused({"lora_path": [None, None]}, GENERATE)
+    with pytest.raises(RequestError):
+        check_unused({"lora_path": [None, "a"]}, GENERATE)
+
+
+@pytest.mark.parametrize("model,scope", [
+    (protocol.CompletionRequest, OPENAI), (protocol.ChatCompletionRequest, CHAT),
+    (protocol.GenerateRequest, GENERATE), (protocol.NativeSamplingParams, SAMPLING)])
+def test_request_models_declare_the_table(model: type, scope: str) -> None:
+    """/openapi.json lists every table field of the route's scope."""
+    table = {n for n, f in FIELDS.items() if f.scopes & ({scope, OPENAI} if scope == CHAT
+                                                          else {scope})}
+    assert table <= set(model.model_fields)
+
+
+@pytest.mark.parametrize("value", EXTREMES)
+@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "dllm_threshold"])
+def test_float_settings_are_finite_and_within_float32(name: str, value: float) -> None:
+    params = SamplingParams.from_dict({name: value, "max_new_tokens": 4})
+    ok = math.isfinite(value) and abs(value) <= FLOAT32_MAX and {
+        "temperature": value >= 0, "top_p": 0 < value <= 1, "min_p": 0 <= value <= 1,
+        "dllm_threshold": True}[name]
+    if ok:
+        params.verify(vocab_size=100)
+        return
+    with pytest.raises(ValueError, match=name):
+        params.verify(vocab_size=100)
+
+
+def test_an_integer_past_the_float_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(max_new_tokens=4, temperature=10**400).verify(vocab_size=100)
+
+
+@pytest.mark.parametrize("t,greedy", [(5e-324, True), (9.99e-6, True), (1e-5, False),
+                                      (0.7, False), (3.4e38, False), (-0.0, True)])
+def test_tiny_temperatures_decode_greedily(t: float, greedy: bool) -> None:
+    params = SamplingParams(max_new_tokens=4, temperature=t)
+    params.verify(vocab_size=100)
+    params.normalize()
+    assert (params.temperature == 0.0) == greedy
+
+
+@pytest.mark.parametrize("bad", [{"top_k": 0}, {"top_k": -2}, {"min_new_tokens": 5},
+                                 {"n": 0}, {"stop_regex": ["("]}, {"max_new_tokens": -1}])
+def test_integer_and_regex_settings_are_checked(bad: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams.from_dict({"max_new_tokens": 4, **bad}).verify(vocab_size=100)
