@@ -10,7 +10,8 @@ from dllm_serve.dllm.algorithms.base import State
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence
 from dllm_serve.dllm.batch import DenoiseBatch
 
-NAN_SEED, RAISE_SEED, STUCK_SEED = 666, 667, 668
+NAN_SEED, RAISE_SEED, STUCK_SEED, LATE_NAN_SEED = 666, 667, 668, 669
+LATE = 64  # LATE_NAN_SEED requests get NaN logits from this position on
 
 
 def rows_of(batch: DenoiseBatch, seed: int) -> torch.Tensor:
@@ -21,11 +22,16 @@ def rows_of(batch: DenoiseBatch, seed: int) -> torch.Tensor:
 
 @ALGORITHMS.register()
 class Poisoned(LowConfidence):
-    """NaN logits for the rows of requests with seed NAN_SEED."""
+    """NaN logits for the rows of requests with seed NAN_SEED, and for blocks at LATE or
+    later of requests with seed LATE_NAN_SEED."""
+
+    graph_safe = False  # reads the batch's host lists
 
     def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
              state: State | None) -> StepOutput:
-        rows = rows_of(batch, NAN_SEED)
+        late = torch.tensor([s >= LATE for s in batch.block_starts()],
+                            device=batch.block_ids.device)
+        rows = rows_of(batch, NAN_SEED) | (rows_of(batch, LATE_NAN_SEED) & late)
         if rows.any():
             full_logits = full_logits.clone().view(batch.size, batch.block_size, -1)
             full_logits[rows] = float("nan")
@@ -37,6 +43,7 @@ class Poisoned(LowConfidence):
 class Raising(LowConfidence):
     """Raises whenever a request with seed RAISE_SEED is among the rows stepped."""
 
+    graph_safe = False
     def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
              state: State | None) -> StepOutput:
         if rows_of(batch, RAISE_SEED).any():
@@ -48,6 +55,7 @@ class Raising(LowConfidence):
 class Stuck(LowConfidence):
     """Never unmasks anything in the rows of requests with seed STUCK_SEED."""
 
+    graph_safe = False
     def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
              state: State | None) -> StepOutput:
         rows = rows_of(batch, STUCK_SEED)

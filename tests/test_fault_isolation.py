@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from faulty_algorithms import NAN_SEED, RAISE_SEED, STUCK_SEED
+from faulty_algorithms import LATE_NAN_SEED, NAN_SEED, RAISE_SEED, STUCK_SEED
 
 from dllm_serve import Engine
 
@@ -38,3 +38,36 @@ def test_one_bad_request_fails_alone(tiny_model_dir: Path, algorithm: str, seed:
         assert info["req_pool"]["free_slots"] == info["req_pool"]["total_slots"]
         again = engine.generate("still up", {"max_new_tokens": 8, "ignore_eos": True})
         assert again["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_over_http_the_bad_request_gets_a_500_and_the_others_200(tiny_model_dir: Path) -> None:
+    """Through the real server: the poisoned request gets a short 500 naming its request id
+    (no traceback); a stream that fails after its first block gets an error event then
+    [DONE]; the others complete; the server stays healthy with its pools whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from http_helpers import REPO, pools_whole, sse_events, start_server
+
+    server = start_server(tiny_model_dir, "--dllm-algorithm", "faulty_algorithms:Poisoned",
+                          env={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})
+    try:
+        body = {"prompt": "hi", "max_tokens": 40, "ignore_eos": True}
+        with ThreadPoolExecutor(4) as pool:
+            good = [pool.submit(server.post, "/v1/completions", {**body, "seed": s})
+                    for s in (1, 2, 3)]
+            bad = pool.submit(server.post, "/v1/completions", {**body, "seed": NAN_SEED})
+        assert [f.result().status_code for f in good] == [200, 200, 200]
+        r = bad.result()
+        err = r.json()["error"]
+        assert r.status_code == 500 and "request id" in err["message"], err
+        assert "Traceback" not in r.text and ".py" not in r.text
+        late = {**body, "max_tokens": 120, "seed": LATE_NAN_SEED, "stream": True}
+        with httpx.stream("POST", server.url("/v1/completions"), timeout=120, json=late) as s:
+            events = sse_events(s.iter_lines())
+        assert events[0]["choices"][0]["text"], events[0]  # a block streamed first
+        assert events[-1] == "[DONE]" and "request id" in events[-2]["error"]["message"]
+        assert server.get("/health").status_code == 200
+        pools_whole(server)
+    finally:
+        server.stop()

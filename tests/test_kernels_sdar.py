@@ -214,6 +214,10 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
                       context_length=4200, max_total_tokens=64 * 4300)
     cfg = EngineConfig.resolve(args).worker().runner
     runner = ModelRunner(cfg)
+    # One split-K count for the graphs and the eager reference: with random weights at the
+    # MoE shape, the rounding difference of another count flips top-8 expert choices (an H200
+    # run saw 1.1e-1 at 32 x 2 blocks; the same comparison is exact in fp32 on the CPU).
+    runner.attn.num_splits = 1
     runner.capture_graphs()  # the forward graphs (the worker adds its step)
     graphs = runner.graphs
     assert graphs is not None and graphs.buckets[-1] == 64  # 32 requests x wavefront 2
