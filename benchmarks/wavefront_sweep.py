@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 from tqdm import tqdm
 
 from benchmarks.common import add_engine_args, engine_kwargs, git_commit, now, write_json
-from dllm_serve.tools.train.evaluate import held_out_problems, score
+from training.evaluate import held_out_problems, score
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dllm_serve.tools.train.data import DataConfig  # noqa: E402
-from dllm_serve.tools.train.evaluate import (  # noqa: E402
+from training.data import DataConfig  # noqa: E402
+from training.evaluate import (  # noqa: E402
     HeldOut,
     edits_summary,
     forwards_summary,

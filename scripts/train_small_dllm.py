@@ -28,10 +28,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dllm_serve.tools.llada2_format import parse_config_override  # noqa: E402
-from dllm_serve.tools.train.config import PRESETS, RunConfig, TrainConfig  # noqa: E402
-from dllm_serve.tools.train.data import DataConfig  # noqa: E402
-from dllm_serve.tools.train.objective import NoiseConfig  # noqa: E402
-from dllm_serve.tools.train.trainer import Trainer  # noqa: E402
+from training.config import PRESETS, RunConfig, TrainConfig  # noqa: E402
+from training.data import DataConfig  # noqa: E402
+from training.objective import NoiseConfig  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
 
 DEFAULT_DATA = ROOT / "benchmarks" / "data" / "gsm8k" / "train.jsonl"
 

@@ -19,11 +19,11 @@ from dllm_serve.layers.moe import RoutingParams, moe_dense, moe_reference, route
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.loader import load_model
 from dllm_serve.tools.llada2_format import EOS, MASK, SPECIAL_TOKENS
-from dllm_serve.tools.train.attention import training_batch
-from dllm_serve.tools.train.batches import HostBatch, collate
-from dllm_serve.tools.train.config import RunConfig, TrainConfig
-from dllm_serve.tools.train.data import DataConfig
-from dllm_serve.tools.train.objective import (
+from training.attention import training_batch
+from training.batches import HostBatch, collate
+from training.config import RunConfig, TrainConfig
+from training.data import DataConfig
+from training.objective import (
     CLEAN,
     NOISED,
     PAD,
@@ -33,9 +33,9 @@ from dllm_serve.tools.train.objective import (
     build_layout,
     forward_loss,
 )
-from dllm_serve.tools.train.problems import final_number, generate_problems
-from dllm_serve.tools.train.tokenizer import first_special_id, train_tokenizer
-from dllm_serve.tools.train.trainer import Trainer
+from training.problems import final_number, generate_problems
+from training.tokenizer import first_special_id, train_tokenizer
+from training.trainer import Trainer
 
 BLOCK = 8
 TOY_DATA = DataConfig(num_generated=8, gsm8k_fraction=0.0, fewshot_fraction=0.0,
@@ -162,13 +162,13 @@ def test_training_logits_match_the_engine_semantics(tmp_path: Path) -> None:
 
 
 def _prep(tmp_path: Path):
-    from dllm_serve.tools.train.setup import prepare
+    from training.setup import prepare
 
     return prepare(TOY, toy_run(tmp_path, 0), None)
 
 
 def _save_fp32(trainer: Trainer, path: Path) -> Path:
-    from dllm_serve.tools.train.checkpoint import save_hf_checkpoint
+    from training.checkpoint import save_hf_checkpoint
 
     return save_hf_checkpoint(path, trainer.model, trainer.prep.tok, trainer.prep.hf_config)
 

@@ -23,7 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from dllm_serve.tools.llada2_format import EOS
-from dllm_serve.tools.train.problems import QA, generate_problems
+from training.problems import QA, generate_problems
 
 logger = logging.getLogger(__name__)
 

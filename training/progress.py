@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dllm_serve.tools.train.config import TrainConfig
-from dllm_serve.tools.train.objective import metrics
+from training.config import TrainConfig
+from training.objective import metrics
 
 if TYPE_CHECKING:
-    from dllm_serve.tools.train.trainer import StepOut, Trainer
+    from training.trainer import StepOut, Trainer
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import torch
 from tokenizers import Tokenizer
 
 from dllm_serve.tools.llada2_format import EOS, llada2_config
-from dllm_serve.tools.train.config import PRESETS, RunConfig, TrainConfig
-from dllm_serve.tools.train.data import (
+from training.config import PRESETS, RunConfig, TrainConfig
+from training.data import (
     TokenPool,
     eval_examples,
     read_gsm8k,
@@ -25,7 +25,7 @@ from dllm_serve.tools.train.data import (
     tokenizer_corpus,
     training_examples,
 )
-from dllm_serve.tools.train.tokenizer import first_special_id, train_tokenizer
+from training.tokenizer import first_special_id, train_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dllm_serve.tools.train.data import TokenPool
+from training.data import TokenPool
 
 WINDOW_BATCHES = 64  # batches' worth of examples sorted together
 

@@ -28,14 +28,14 @@ from torch import nn
 
 from dllm_serve.layers.moe import set_moe_backend
 from dllm_serve.models.llada2 import LLaDA2MoeModelLM
-from dllm_serve.tools.train import checkpoint as ckpt
-from dllm_serve.tools.train.attention import TrainingAttention
-from dllm_serve.tools.train.balance import ExpertBalancer
-from dllm_serve.tools.train.batches import collate, plan_epoch
-from dllm_serve.tools.train.config import RunConfig, TrainConfig
-from dllm_serve.tools.train.objective import Layout, LossParts, Noised, forward_loss, metrics
-from dllm_serve.tools.train.progress import Clock, Progress, lr_at, synchronize
-from dllm_serve.tools.train.setup import Prepared, prepare
+from training import checkpoint as ckpt
+from training.attention import TrainingAttention
+from training.balance import ExpertBalancer
+from training.batches import collate, plan_epoch
+from training.config import RunConfig, TrainConfig
+from training.objective import Layout, LossParts, Noised, forward_loss, metrics
+from training.progress import Clock, Progress, lr_at, synchronize
+from training.setup import Prepared, prepare
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dllm_serve.tools.train.data import DataConfig
-from dllm_serve.tools.train.objective import NoiseConfig
+from training.data import DataConfig
+from training.objective import NoiseConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
     "small": {

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_serve.layers.attention import block_causal
-from dllm_serve.tools.train.attention import TrainingAttention, training_batch
-from dllm_serve.tools.train.batches import HostBatch
+from training.attention import TrainingAttention, training_batch
+from training.batches import HostBatch
 
 CLEAN, NOISED, PAD = 0, 1, 2
 

@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from dllm_serve.tools.train.data import format_prompt
-from dllm_serve.tools.train.problems import final_number, generate_problems
+from training.data import format_prompt
+from training.problems import final_number, generate_problems
 
 
 @dataclass(frozen=True)
