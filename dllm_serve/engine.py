@@ -14,7 +14,7 @@ import queue
 from collections.abc import Iterator
 from typing import Any
 
-from dllm_serve.default_model import resolve_model_path
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
 from dllm_serve.sampling_params import SamplingParams
@@ -26,9 +26,9 @@ Params = dict[str, Any] | list[dict[str, Any]] | None
 class Engine:
     def __init__(self, **kwargs: Any) -> None:
         """Keywords are `ServerArgs` fields (model_path, dllm_algorithm, dllm_fdfo, ...)."""
-        args = ServerArgs(**kwargs)
-        self.server_args = args.replace(model_path=resolve_model_path(args.model_path))
-        self.front = TokenizerManager(self.server_args)
+        config = EngineConfig.resolve(ServerArgs(**kwargs))
+        self.server_args = config.args  # model_path resolved
+        self.front = TokenizerManager(config)
 
     def generate(self, prompt: str | list[str] | None = None, sampling_params: Params = None,
                  input_ids: list[int] | list[list[int]] | None = None,

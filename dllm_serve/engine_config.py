@@ -17,6 +17,7 @@ from dllm_serve.managers.scheduler import SchedulerConfig
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.runner import RunnerConfig
 from dllm_serve.server_args import ServerArgs
+from dllm_serve.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,17 @@ class EngineConfig:
     eos_ids: tuple[int, ...]
 
     @staticmethod
-    def resolve(args: ServerArgs, extra_stop_ids: list[int] | None = None) -> EngineConfig:
-        """`extra_stop_ids`: the tokenizer's end-of-turn tokens (they stop generation too)."""
+    def resolve(args: ServerArgs) -> EngineConfig:
+        """Read the checkpoint's config.json, the algorithm YAML and the tokenizer's
+        end-of-turn tokens (they stop generation too), once."""
         args = args.replace(model_path=resolve_model_path(args.model_path))
         assert args.model_path is not None
         model = ModelConfig.load(args.model_path)
         dllm = DllmConfig.build(model, args.dllm_algorithm, args.dllm_algorithm_config,
                                 args.dllm_fdfo)
         eos = set(model.eos_token_ids()) or {arch_defaults(model.architecture).eos_id}
-        return EngineConfig(args, model, dllm, tuple(sorted(eos | set(extra_stop_ids or []))))
+        extra = Tokenizer.load(args.tokenizer_path or args.model_path).extra_stop_token_ids
+        return EngineConfig(args, model, dllm, tuple(sorted(eos | set(extra))))
 
     @property
     def tokenizer_path(self) -> str:

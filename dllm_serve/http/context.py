@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError
 from dllm_serve.http.errors import APIError, EngineFailed, unavailable
 from dllm_serve.http.lifecycle import NOT_READY_MESSAGES, Lifecycle
 from dllm_serve.http.metrics import ServerMetrics
 from dllm_serve.managers.tokenizer_manager import TokenizerManager
-from dllm_serve.model.config import ModelConfig
 from dllm_serve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -31,15 +31,15 @@ class ServerContext:
     metrics: ServerMetrics | None = None
     front: TokenizerManager | None = None
     architecture: str = ""
+    config: EngineConfig | None = None
 
     @staticmethod
-    def create(args: ServerArgs) -> ServerContext:
-        assert args.model_path is not None
-        name = args.served_model_name or Path(args.model_path).name
-        config = ModelConfig.load(args.model_path)
-        length = config.context_length(args.context_length)
-        ctx = ServerContext(args, name, length, Lifecycle(args.shutdown_timeout),
-                            architecture=config.architecture)
+    def create(config: EngineConfig) -> ServerContext:
+        """config: the engine's configuration, resolved once (the front reuses it)."""
+        args = config.args
+        name = args.served_model_name or Path(str(args.model_path)).name
+        ctx = ServerContext(args, name, config.context_length, Lifecycle(args.shutdown_timeout),
+                            architecture=config.model.architecture, config=config)
         if args.enable_metrics:
             ctx.metrics = ServerMetrics(name, ctx.scheduler_info_or_none)
         return ctx

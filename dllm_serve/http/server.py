@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from dllm_serve.default_model import resolve_model_path
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.http.app import build_app
 from dllm_serve.http.context import ServerContext
 from dllm_serve.managers.procs import setup_logging
@@ -46,8 +46,7 @@ class _Uvicorn(uvicorn.Server):
 def run_server(args: ServerArgs) -> int:
     """Serve until stopped; returns the process exit code."""
     setup_logging(args.log_level)
-    args = args.replace(model_path=resolve_model_path(args.model_path))
-    return asyncio.run(_serve(ServerContext.create(args)))
+    return asyncio.run(_serve(ServerContext.create(EngineConfig.resolve(args))))
 
 
 async def _serve(ctx: ServerContext) -> int:
@@ -61,7 +60,7 @@ async def _serve(ctx: ServerContext) -> int:
     serving = asyncio.create_task(_run_uvicorn(server))
     if not await _bound(server, serving):
         return await serving  # it could not bind; uvicorn logged why
-    loading = asyncio.create_task(asyncio.to_thread(TokenizerManager, args))
+    loading = asyncio.create_task(asyncio.to_thread(TokenizerManager, ctx.config))
     await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
     watch = _start(ctx, loading) if loading.done() else None
     await serving

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dllm_serve.default_model import resolve_model_path
 from dllm_serve.dllm.algorithms import algorithm_class
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
@@ -41,7 +40,6 @@ from dllm_serve.managers.messages import (
     Shutdown,
 )
 from dllm_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingParams
-from dllm_serve.server_args import ServerArgs
 from dllm_serve.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -72,13 +70,13 @@ class ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs) -> None:
-        self.tokenizer = Tokenizer.load(args.tokenizer_path or resolve_model_path(
-            args.model_path))
-        self.config = EngineConfig.resolve(args, self.tokenizer.extra_stop_token_ids)
-        self.args = self.config.args
-        self.model_config = self.config.model
-        self.algorithm = algorithm_class(args.dllm_algorithm)
+    def __init__(self, config: EngineConfig) -> None:
+        """config: resolved once by the caller (EngineConfig.resolve)."""
+        self.config = config
+        self.args = config.args
+        self.tokenizer = Tokenizer.load(config.tokenizer_path)
+        self.model_config = config.model
+        self.algorithm = algorithm_class(config.args.dllm_algorithm)
         self.context_length = self.config.context_length
         self.ctx = zmq.Context()
         self.procs, self.rx, self.ready_info = launch(self.config, self.ctx)
