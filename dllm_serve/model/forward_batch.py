@@ -13,12 +13,17 @@ Vocabulary (used everywhere in the engine):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from dllm_serve.layers.attention import AttentionBackend
+
+class Attention(Protocol):
+    """What a forward needs of its attention backend (layers/attention.AttentionBackend is
+    the interface; this module stays a leaf that layers/ and model/ both import)."""
+
+    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor: ...
 
 
 @dataclass
@@ -30,7 +35,7 @@ class ForwardBatch:
     seg_starts: torch.Tensor  # (S,) int64, absolute start of each segment
     seg_lens: torch.Tensor  # (S,) int64
     block_size: int
-    attn: AttentionBackend
+    attn: Attention
     # Rows of input_ids whose logits are wanted (None: no logits, e.g. a pure prefill).
     logits_index: torch.Tensor | None = None
     # Host copies, so that backends plan without a device sync.
