@@ -12,7 +12,8 @@
 # Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
 # and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
 # the attention kernel's launch sweep (benchmarks/attention_tune.py); runtime_default and
-# runtime_mini, the runtime's benchmarks (benchmarks/runtime_bench.py, issue 12).
+# runtime_mini, the runtime's benchmarks (benchmarks/runtime_bench.py, issue 12); sdar_roofline_8b,
+# sdar_roofline_30b, sdar_engine_8b, sdar_engine_30b (issue 17).
 #
 # The GPU image lacks pyzmq (the engine's IPC): wheels staged here by
 # ../shared/device/stage-wheels.sh travel in .whl and are installed into /tmp/site.
@@ -85,6 +86,20 @@ stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py 
 stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py --suite mini-lognormal \
   mini-histogram --repeats 2 --out "$RUN/runtime_mini.json"
 
+# 7. (optional) SDAR (issue 17): the round roofline at SDAR-8B's / SDAR-30B-A3B's shapes (B=16 /
+#    64, prefix ~1k / ~4k), the engine end to end at 64 and 128 requests. Its gpu tests:
+#    TESTS="tests/test_kernels_sdar.py" TEST_FLAGS="-m gpu".
+SDAR_ROOF=(--batch-sizes 16 64 --prefixes 1024 4096 --backends triton+graphs triton --iters 5
+           --warmup 2 --profile 64 4096)
+stage sdar_roofline_8b 240 python3 benchmarks/round_roofline.py --preset sdar-8b-shape \
+  "${SDAR_ROOF[@]}" --out "$RUN/roofline_sdar_8b.json"
+stage sdar_roofline_30b 300 python3 benchmarks/round_roofline.py --preset sdar-30b-a3b-shape \
+  "${SDAR_ROOF[@]}" --out "$RUN/roofline_sdar_30b.json"
+stage sdar_engine_8b 300 python3 benchmarks/engine_gpu.py --preset sdar-8b-shape \
+  --concurrency 64 128 --max-new-tokens 128 --out "$RUN/engine_sdar_8b.json"
+stage sdar_engine_30b 300 python3 benchmarks/engine_gpu.py --preset sdar-30b-a3b-shape \
+  --concurrency 64 128 --max-new-tokens 128 --out "$RUN/engine_sdar_30b.json"
+
 {
   echo "# gpu_perf_check $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo '```'; cat "$RUN/machine.txt"; echo '```'
@@ -92,8 +107,11 @@ stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.p
   grep -E ' (FAILED|ERROR)' "$RUN/tests.log" 2>/dev/null | head -n 20
   tail -n 20 "$RUN/tests.log" 2>/dev/null; echo '```'
   echo "## roofline"; cat "$RUN/roofline.md" 2>/dev/null || tail -n 30 "$RUN/roofline.log"
+  for r in sdar_8b sdar_30b; do
+    [[ -f $RUN/roofline_$r.md ]] && { echo "## roofline $r"; cat "$RUN/roofline_$r.md"; }
+  done
   echo; echo "## engine"; echo '```'
-  grep -h -E '^(fdfo|sync) graphs=|=== engine' "$RUN"/engine*.log; echo '```'
+  grep -h -E '^(fdfo|sync) graphs=|=== (sdar_)?engine' "$RUN"/*engine*.log; echo '```'
   echo "## attention"; echo '```'; grep -h -E '^best|=== attention' "$RUN/attention.log"; echo '```'
   echo "## runtime"; echo '```'
   grep -h -E '^(default-|mini-|fdfo_over|w2_over)|=== runtime' "$RUN"/runtime*.log; echo '```'
