@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,7 +37,6 @@ from dllm_serve.managers.messages import (
     Preempted,
     Prefill,
     Release,
-    Retired,
     WorkerReport,
     WorkItem,
 )
@@ -45,6 +44,7 @@ from dllm_serve.managers.readback import Pending, Readback
 from dllm_serve.managers.resident_batch import Block, DeviceReq, Layout, ResidentBatch
 from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.row_storage import RowStorage
+from dllm_serve.managers.worker_report import ReportBuilder
 from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.runner import ModelRunner
 
@@ -59,17 +59,9 @@ class Launch:
     """A forward + step in flight: its layout, each row's step count, its readout."""
 
     layout: Layout
-    steps: list[int]
+    steps: np.ndarray  # (N,) each row's forwards, this one included
     readout: Pending
     failed: list[DeviceReq]
-
-
-@dataclass
-class Report:
-    """Results gathered since the last report (see WorkerReport)."""
-
-    retired: list[tuple[int, Block, int]] = field(default_factory=list)  # uid, block, forwards
-    msg: WorkerReport = field(default_factory=WorkerReport)
 
 
 class Worker:
@@ -95,9 +87,7 @@ class Worker:
         self.inflight: Launch | None = None
         self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
-        self.report = Report()
-        self.report_every_s = report_every_s
-        self.last_report = time.monotonic()
+        self.report = ReportBuilder(report_every_s)
         self.boundary = True  # sync: the last collect retired the whole batch
         self.wait_s = 0.0  # time spent waiting for the device's readouts (for the trace)
         self.max_steps = algo.max_steps(self.k)
@@ -121,7 +111,7 @@ class Worker:
             self.collect(self.inflight)
         self.inflight = launched
         self.join()
-        return self.take_report()
+        return self.report.take(self.idle)
 
     # ---- changes from the scheduler -----------------------------------------------------
 
@@ -166,7 +156,7 @@ class Worker:
             return
         ids, states = (self.batch.host_rows(req) if req.blocks
                        else (np.zeros((0, self.k), np.int64), []))
-        self.report.msg.preempted.append(Preempted(
+        self.report.preempted(Preempted(
             uid, req.first_start, ids, states, [self.batch.steps(b) for b in req.blocks],
             self.batch.forwards(req)))
         self._remove(req)
@@ -181,7 +171,7 @@ class Worker:
     def fail(self, req: DeviceReq, message: str) -> None:
         if req.alive:
             logger.error("request uid %d failed: %s", req.uid, message)
-            self.report.msg.failed.append(Failed(req.uid, message))
+            self.report.failed(Failed(req.uid, message))
             self._remove(req)
 
     # ---- the device -----------------------------------------------------------------------
@@ -277,7 +267,7 @@ class Worker:
         forwards = self.batch.forwards(req)
         for block in self.batch.retire(req, count):
             self.report.msg.idle_block_steps += self.batch.steps(block) - block.final_step
-            self.report.retired.append((req.uid, block, forwards))
+            self.report.retire(req.uid, block, forwards)
             if self._stops(req, block):
                 self.batch.drop(req)
                 return False
@@ -313,18 +303,6 @@ class Worker:
 
     # ---- reports ------------------------------------------------------------------------
 
-    def take_report(self, force: bool = False) -> WorkerReport | None:
-        rep, msg = self.report, self.report.msg
-        now = time.monotonic()
-        if not (rep.retired or msg.has_results or force
-                or (msg.forwards and now - self.last_report >= self.report_every_s)
-                or (self.idle and (msg.forwards or msg.prefills))):
-            return None
-        if rep.retired:
-            msg.retired = _retired(rep.retired)
-        self.report, self.last_report = Report(), now
-        return msg
-
     def _trace(self, kind: str, fn, rows: int = 0):  # type: ignore[no-untyped-def]
         return fn() if self.tracer is None else self.tracer.run(kind, fn, rows)
 
@@ -342,13 +320,3 @@ def _leading(blocks: list[Block]) -> int:
     while n < len(blocks) and blocks[n].converged:
         n += 1
     return n
-
-
-def _retired(items: list[tuple[int, Block, int]]) -> Retired:
-    return Retired(
-        uids=np.array([uid for uid, _, _ in items], dtype=np.int64),
-        starts=np.array([b.start for _, b, _ in items], dtype=np.int64),
-        ids=np.stack([b.ids for _, b, _ in items]).astype(np.int64),
-        forwards=np.array([b.final_step for _, b, _ in items], dtype=np.int64),
-        edits=np.array([b.edits for _, b, _ in items], dtype=np.int64),
-        req_forwards=np.array([f for _, _, f in items], dtype=np.int64))

@@ -1,0 +1,54 @@
+"""`ReportBuilder`: what the worker gathers between two reports to the scheduler.
+
+Results (retired blocks, preempted and failed requests) go out with the next iteration's
+report; counters alone go out at most every `every_s` seconds while busy (so the scheduler's
+statistics, /metrics and /health_generate see progress), and at once when the worker goes idle.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from dllm_serve.managers.messages import Failed, Preempted, Retired, WorkerReport
+from dllm_serve.managers.resident_batch import Block
+
+
+class ReportBuilder:
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.msg = WorkerReport()
+        self.retired: list[tuple[int, Block, int]] = []  # uid, block, request forwards
+        self.last = time.monotonic()
+
+    def retire(self, uid: int, block: Block, req_forwards: int) -> None:
+        self.retired.append((uid, block, req_forwards))
+
+    def preempted(self, p: Preempted) -> None:
+        self.msg.preempted.append(p)
+
+    def failed(self, f: Failed) -> None:
+        self.msg.failed.append(f)
+
+    def take(self, idle: bool) -> WorkerReport | None:
+        """The report to send now, or None."""
+        msg, now = self.msg, time.monotonic()
+        counters = msg.forwards or msg.prefills
+        if not (self.retired or msg.has_results or (idle and counters)
+                or (msg.forwards and now - self.last >= self.every_s)):
+            return None
+        if self.retired:
+            msg.retired = _retired(self.retired)
+        self.msg, self.retired, self.last = WorkerReport(), [], now
+        return msg
+
+
+def _retired(items: list[tuple[int, Block, int]]) -> Retired:
+    return Retired(
+        uids=np.array([uid for uid, _, _ in items], dtype=np.int64),
+        starts=np.array([b.start for _, b, _ in items], dtype=np.int64),
+        ids=np.stack([b.ids for _, b, _ in items]).astype(np.int64),
+        forwards=np.array([b.final_step for _, b, _ in items], dtype=np.int64),
+        edits=np.array([b.edits for _, b, _ in items], dtype=np.int64),
+        req_forwards=np.array([f for _, _, f in items], dtype=np.int64))
