@@ -26,6 +26,7 @@ class WorkerConfig:
     dllm: DllmConfig
     mode: RoundMode
     log_level: str = "info"
+    max_prefill_tokens: int = 4096  # --chunked-prefill-size
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class EngineConfig:
             mem_fraction_static=a.mem_fraction_static,
             max_running_requests=a.max_running_requests,
             cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks)
-        return WorkerConfig(runner, self.dllm, self.mode, a.log_level)
+        return WorkerConfig(runner, self.dllm, self.mode, a.log_level, a.chunked_prefill_size)
 
     def scheduler(self) -> SchedulerProcConfig:
         a = self.args

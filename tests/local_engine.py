@@ -87,7 +87,8 @@ def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1
     wcfg = cfg.worker()
     mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
     runner = ModelRunner(wcfg.runner)
-    worker = Worker(runner, build_algorithm(wcfg.dllm), mode, report_every_s=0.0)
+    worker = Worker(runner, build_algorithm(wcfg.dllm), mode, report_every_s=0.0,
+                    max_prefill_tokens=wcfg.max_prefill_tokens)
     scfg = dataclasses.replace(cfg.scheduler().scheduler, num_pages=runner.num_pages,
                                page_size=runner.page_size)
     return LocalEngine(Scheduler(scfg, FinishChecker(set(), None)), worker)
@@ -173,5 +174,5 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
         algo.need = need  # type: ignore[method-assign]
     runner = FakeRunner(k, pages)
     worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(wavefront)),  # type: ignore[arg-type]
-                    report_every_s=0.0)
+                    report_every_s=0.0, max_prefill_tokens=prefill)
     return LocalEngine(Scheduler(cfg, FinishChecker({eos}, decode)), worker)

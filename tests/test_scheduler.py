@@ -4,10 +4,12 @@ and preemption in every state, late reports, pool integrity."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from local_engine import LocalEngine, scripted_engine
 
 from dllm_serve.managers.messages import AbortReq, AddPages, Admit, Prefill, Release
+from dllm_serve.managers.worker import merge_prefills
 
 K, MASK, EOS = 4, 15, 14
 
@@ -238,3 +240,18 @@ def test_a_block_turnover_rewrites_only_its_row(monkeypatch: pytest.MonkeyPatch)
     assert all(o[-1].completion_tokens == 6 * K for o in outs.values())
     assert renew is resident_batch.ResidentBatch._renew
     assert calls["renew"] >= 5 and calls["rebuild"] <= 3, calls  # rebuilt: start, finishes
+
+
+def test_prefills_that_arrive_together_merge_but_never_past_a_release() -> None:
+    def pre(slot: int, n: int) -> Prefill:
+        return Prefill([slot], [0], [np.arange(n)])
+
+    none = np.zeros(0, np.int64)
+    items = [AddPages(0, 0, none), pre(0, 8), Admit(1, 0, 8, none, [], [], None),
+             AddPages(1, 0, none), pre(1, 8), Release(9), AddPages(2, 0, none), pre(2, 8),
+             pre(3, 12)]
+    out = merge_prefills(items, max_tokens=16)  # type: ignore[arg-type]
+    kinds = [type(x).__name__ for x in out]
+    assert kinds == ["AddPages", "Admit", "AddPages", "Prefill", "Release", "AddPages",
+                     "Prefill", "Prefill"]
+    assert out[3].slots == [0, 1] and out[6].slots == [2] and out[7].slots == [3]

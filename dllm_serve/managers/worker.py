@@ -66,7 +66,10 @@ class Launch:
 
 class Worker:
     def __init__(self, runner: ModelRunner, algo: DllmAlgorithm, mode: RoundMode,
-                 tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S) -> None:
+                 tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S,
+                 max_prefill_tokens: int = 4096) -> None:
+        """max_prefill_tokens: prefills that arrive together are merged into forwards of at
+        most this many tokens (--chunked-prefill-size)."""
         self.runner, self.algo, self.mode = runner, algo, mode
         self.k = runner.block_size
         tau = mode.wavefront.token_threshold
@@ -91,6 +94,7 @@ class Worker:
         self.boundary = True  # sync: the last collect retired the whole batch
         self.wait_s = 0.0  # time spent waiting for the device's readouts (for the trace)
         self.max_steps = algo.max_steps(self.k)
+        self.max_prefill_tokens = max_prefill_tokens
 
     @property
     def idle(self) -> bool:
@@ -103,7 +107,7 @@ class Worker:
     def iterate(self, items: list[WorkItem]) -> WorkerReport | None:
         """Apply the scheduler's changes, launch the next forward, read the previous one
         back; returns a report when there is one to send."""
-        for item in items:
+        for item in merge_prefills(items, self.max_prefill_tokens):
             self.apply(item)
         self.join()
         launched = self.launch() if self.batch.num_rows else None
@@ -312,6 +316,34 @@ class Worker:
         readout, _ = denoise_step(self.algo, self.storage.graph_batch(bucket), logits, state,
                                   self.spec, isolate=False)
         return readout
+
+
+def merge_prefills(items: list[WorkItem], max_tokens: int) -> list[WorkItem]:
+    """The items with prefills that arrived together merged into fewer forwards (each at most
+    max_tokens). A merged prefill runs after the other items that came with its parts (the page
+    mappings it needs among them; admissions only join at the next launch), but before any
+    Release or Preempt that follows (a released slot may be remapped right after)."""
+    out: list[WorkItem] = []
+    merged: Prefill | None = None
+    for item in items:
+        if isinstance(item, Prefill):
+            tokens = sum(len(t) for t in item.token_ids)
+            if merged is not None and sum(len(t) for t in merged.token_ids) + tokens <= max_tokens:
+                merged.slots += item.slots
+                merged.seg_starts += item.seg_starts
+                merged.token_ids += item.token_ids
+                continue
+            if merged is not None:
+                out.append(merged)
+            merged = Prefill(list(item.slots), list(item.seg_starts), list(item.token_ids))
+            continue
+        if merged is not None and isinstance(item, Release | Preempt):
+            out.append(merged)
+            merged = None
+        out.append(item)
+    if merged is not None:
+        out.append(merged)
+    return out
 
 
 def _leading(blocks: list[Block]) -> int:

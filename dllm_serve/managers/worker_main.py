@@ -74,4 +74,5 @@ def build_worker(cfg: WorkerConfig) -> Worker:
     graphs = runner.graphs
     tracer = Tracer.from_env(runner.device, {"cuda_graphs": graphs is not None,
                                              "graph_buckets": graphs.buckets if graphs else []})
-    return Worker(runner, build_algorithm(cfg.dllm), cfg.mode, tracer)
+    return Worker(runner, build_algorithm(cfg.dllm), cfg.mode, tracer,
+                  max_prefill_tokens=cfg.max_prefill_tokens)
