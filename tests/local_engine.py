@@ -143,7 +143,7 @@ class FakeRunner:
                 token_ids: list[np.ndarray]) -> None:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))
 
-    def capture_graphs(self, *args: Any) -> None:
+    def warm_up(self, *args: Any) -> None:
         pass
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
