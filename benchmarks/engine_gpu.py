@@ -147,7 +147,7 @@ def run_engine(ns: argparse.Namespace, model_path: str, graphs: bool, trace_dir:
 
 
 def print_row(r: dict[str, Any]) -> None:
-    active = "" if r["graphs_active"] == r["graphs"] else " (capture failed: eager)"
+    active = "" if r["graphs_active"] == r["graphs"] else " (no graphs captured: eager)"
     print(f"{r['mode']} graphs={'on ' if r['graphs'] else 'off'}{active} "
           f"C={r['concurrency']:3d}: "
           f"{r['output_tokens_per_s']:8.1f} tok/s  {r.get('forwards_per_s', 0):7.1f} fwd/s  "

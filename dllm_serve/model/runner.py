@@ -2,7 +2,7 @@
 
 It runs prefill forwards and hands out repeatable denoise runs (`prepare_denoise`). With the
 triton attention backend every forward is *bucketed*: padded to a size bucket
-(model/graph_layout.py) and run over static buffers (model/prefill_graphs.py,
+(model/buckets.py) and run over static buffers (model/prefill_graphs.py,
 model/denoise_graphs.py, the latter over the worker's row storage and with its greedy step).
 `warm_up`, called once by the worker before it reports ready, compiles every bucket's kernels
 on CUDA: it captures CUDA graphs (triton attention and MoE, --disable-cuda-graph not set) or
@@ -69,7 +69,7 @@ class RunnerConfig:
     max_running_requests: int = 16
     cuda_graphs: bool = False
     graph_max_blocks: int = 16
-    chunked_prefill_size: int = 4096  # the scheduler's prefill budget (graph_layout.py)
+    chunked_prefill_size: int = 4096  # the scheduler's prefill budget (model/buckets.py)
 
 
 def load_kernels() -> None:
