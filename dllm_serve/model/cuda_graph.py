@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dllm_serve.kernels.block_attention import TILE_FIELDS
 from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.forward_batch import ForwardBatch
@@ -69,6 +70,10 @@ class GraphPool:
 
 
 class BucketedForwards:
+    """Static forwards at each of `buckets` (in blocks) over one packed metadata buffer; the
+    base of PrefillGraphs and DenoiseGraphs. Invariant: every run of a bucket launches the
+    same kernels with the same arguments (only buffer contents change)."""
+
     def __init__(self, model: nn.Module, kv: KVCache, attn: TritonAttention,
                  layout: MetaLayout, buckets: list[int], scratch_slot: int, pad_id: int,
                  ids: torch.Tensor | None) -> None:
@@ -93,7 +98,7 @@ class BucketedForwards:
         lay = self.layout
         k, t = lay.block_size, blocks * lay.block_size
         tiles = self.meta[lay.offset("tiles"):].view(torch.int32)
-        tiles = tiles[:blocks * lay.tiles_per_block * 5].view(-1, 5)
+        tiles = tiles[:blocks * lay.tiles_per_block * TILE_FIELDS].view(-1, TILE_FIELDS)
         fb = ForwardBatch(
             input_ids=self.ids[:t], positions=self.field("positions", t),
             out_cache_loc=self.field("positions", t),  # replaced by `hidden`
