@@ -8,8 +8,9 @@ launch configuration (query rows per tile, keys per step, warps, pipeline stages
 splits) it reports the time per launch (median over --iters of --launches back-to-back
 launches between CUDA events, the plan built beforehand, as in a CUDA graph) and the achieved
 KV bandwidth and FLOP rate, and checks the output against the default configuration's. The
-kernel's launch constants are module globals (kernels/block_attention.py, PROGRAMS_PER_SM in
-triton_attention.py); this script sets them for each row and restores them.
+kernel's launch constants are module globals (BLOCK_M and the LAUNCHES table in
+kernels/block_attention.py, PROGRAMS_PER_SM in triton_attention.py); this script sets them for
+each row (one launch for every split count) and restores them.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ class Case:
 
 
 def set_launch(block_m: int, block_n: int, warps: int, stages: int) -> None:
-    ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES = block_m, block_n, warps, stages
+    ba.BLOCK_M, ba.LAUNCHES = block_m, ((1 << 30, ba.Launch(block_n, warps, stages)),)
 
 
 def sweep_case(ns: argparse.Namespace, case: Case, sms: int) -> list[dict[str, Any]]:
-    default = (ba.BLOCK_M, ba.BLOCK_N, ba.NUM_WARPS, ba.NUM_STAGES)
+    default = (ba.BLOCK_M, ba.LAUNCHES)
     tiles = len(case.prefixes) * cdiv(BLOCK, ba.tokens_per_tile(HEADS // KV_HEADS))
     reference = case.run(case.plan(ta.choose_num_splits(tiles, KV_HEADS, sms))).float()
     default_pps = ta.PROGRAMS_PER_SM
@@ -121,7 +122,7 @@ def sweep_case(ns: argparse.Namespace, case: Case, sms: int) -> list[dict[str, A
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
         print(row, flush=True)
-    set_launch(*default)
+    ba.BLOCK_M, ba.LAUNCHES = default
     ta.PROGRAMS_PER_SM = default_pps
     return rows
 
@@ -140,8 +141,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             best = min(ok, key=lambda r: r["us"])
             print(f"best B={batch} P~{prefix}: {best}")
     result = {"benchmark": "attention_tune", "config": vars(ns), "rows": rows,
-              "default": {"block_m": ba.BLOCK_M, "block_n": ba.BLOCK_N, "warps": ba.NUM_WARPS,
-                          "stages": ba.NUM_STAGES}}
+              "default": {"block_m": ba.BLOCK_M,
+                          "launches": [{"max_splits": bound, **vars(launch)}
+                                       for bound, launch in ba.LAUNCHES]}}
     write_json(ns.out, result)
     return result
 

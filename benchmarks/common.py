@@ -37,8 +37,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--dllm-algorithm", default="LowConfidence")
     parser.add_argument("--dllm-algorithm-config", default=None)
-    parser.add_argument("--attention-backend", default="torch", help="torch or triton (CUDA)")
-    parser.add_argument("--moe-backend", default="torch", help="torch or triton (CUDA)")
+    parser.add_argument("--attention-backend", default="auto",
+                        help="auto (triton on CUDA, torch on the CPU), torch or triton")
+    parser.add_argument("--moe-backend", default="auto",
+                        help="auto (triton on CUDA, torch on the CPU), torch or triton")
     parser.add_argument("--load-format", default="auto",
                         help="auto, or dummy: random weights at the checkpoint's shapes")
     parser.add_argument("--mem-fraction-static", type=float, default=0.85, help="GPU only")

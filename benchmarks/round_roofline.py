@@ -13,11 +13,14 @@ no checkpoint on disk) and run through the real ModelRunner. For each batch size
 length (~1k, ~4k: each request's prefix drawn in [0.9 P, P], block-aligned, its pages scattered
 in the pool) one round = forward over the B blocks (the architecture's block size: 32 for
 LLaDA2, 4 for SDAR) + LowConfidence's step (at the architecture's default threshold), timed
-with CUDA events (median of --iters after --warmup). The round runs on the worker's own path
-(managers/worker.py: its row storage, and for "triton+graphs" the CUDA graph of forward + greedy
-step captured for the batch size). Backends: "triton+graphs" (the engine's default GPU path),
-"triton" (the same kernels, eager: Triton attention and MoE, fused norms/RoPE/KV store, the
-fused step) and "torch" (the plain PyTorch reference, no custom kernels, no graphs). The floor
+with CUDA events (median of --iters after --warmup). Each row reports its ratio to the floor
+(round_ms / floor_ms), and each backend its startup: building the runner and the worker, whose
+warm-up compiles every prefill and denoise bucket (and captures their graphs) as at serving.
+The round runs on the worker's own path (managers/worker.py: its row storage, and for
+"triton+graphs" the CUDA graph of forward + greedy step captured for the batch size).
+Backends: "triton+graphs" (the engine's default GPU path), "triton" (the same kernels, eager:
+Triton attention and MoE, fused norms/RoPE/KV store, the fused step) and "torch" (the plain
+PyTorch reference, no custom kernels, no graphs). The floor
 is the larger of exact bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
 (benchmarks/round_cost.py). Runs on the CPU too (wall-clock timing, assumed ceilings) for a
 smoke test with --preset tiny.
@@ -206,11 +209,15 @@ def ragged_prefixes(batch: int, prefix: int, block: int, rng: np.random.Generato
 
 def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argparse.Namespace,
                 device: torch.device, dtype: torch.dtype) -> list[dict[str, Any]]:
+    start = time.perf_counter()
     runner = make_runner(hf, model, backend, max(args.batch_sizes), max(args.prefixes), device,
                          dtype)
     algo = build_algorithm(dllm_config(hf))
     algo.fused_predict = BACKENDS[backend][2]
-    worker = Worker(runner, algo, RoundMode())  # its row storage; captures the graphs
+    worker = Worker(runner, algo, RoundMode())  # its row storage; warms up, captures the graphs
+    startup = {"startup_s": time.perf_counter() - start, "warmup_s": runner.warmup_s}
+    print(f"{backend}: startup {startup['startup_s']:.1f} s (warm-up and capture "
+          f"{startup['warmup_s']:.1f} s)", flush=True)
     if BACKENDS[backend][3] and device.type == "cuda" and runner.graphs is None:
         print(f"{backend}: graph capture failed (see the log): these rows run eagerly",
               flush=True)
@@ -228,7 +235,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(profile_table(fn))
             rows.append({"backend": backend, "batch": batch, "prefix": prefix,
-                         "block": runner.block_size,
+                         "block": runner.block_size, **startup,
                          "prefixes": prefixes, "round_ms": ms,
                          "experts_touched": experts_touched(runner, fb)})
             print(f"{backend:13s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
@@ -254,7 +261,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         return {(r["batch"], r["prefix"]): r["round_ms"] for r in rows if r["backend"] == backend}
 
     refs = [ms_of("torch"), ms_of("triton")]
-    lines = ["| backend | B | prefix | round ms | floor ms | ratio | bound | GB | TFLOP "
+    lines = ["| backend | B | prefix | round ms | floor ms | ratio to floor | bound | GB | TFLOP "
              "| vs torch | vs triton eager |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speedups = [ref.get((r["batch"], r["prefix"])) for ref in refs]
@@ -262,6 +269,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['backend']} | {r['batch']} | ~{r['prefix']} | {r['round_ms']:.2f} | "
                      f"{r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['bound']} | "
                      f"{r['weight_gb'] + r['kv_gb']:.2f} | {r['tflop']:.3f} | {cells} |")
+    lines += ["", "| backend | startup s | warm-up and capture s |", "|---|---|---|"]
+    for backend in dict.fromkeys(r["backend"] for r in rows):
+        r = next(r for r in rows if r["backend"] == backend)
+        lines.append(f"| {backend} | {r['startup_s']:.1f} | {r['warmup_s']:.1f} |")
     return "\n".join(lines)
 
 

@@ -109,8 +109,6 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
     mrr = max(setting.concurrency)
     kw: dict[str, Any] = {"device": ns.device, "max_running_requests": mrr,
                           "log_level": "warning", **setting.engine}
-    if ns.device == "cuda":
-        kw.update(attention_backend="triton", moe_backend="triton")
     if suite.algorithm is not None:
         kw.update(dllm_algorithm=suite.algorithm)
     if suite.mini:
@@ -129,10 +127,11 @@ def run_setting(ns: argparse.Namespace, suite: Suite, setting: Setting, kw: dict
     rows = []
     with Engine(**kw) as engine:
         startup = time.monotonic() - t0
+        warmup = engine.get_server_info().get("startup", {}).get("warmup_s", 0.0)
         for c in setting.concurrency:
             row = best_run(ns, engine, trace, suite, c)
             rows.append({"suite": suite.name, "setting": setting.name, "startup_s": startup,
-                         **row})
+                         "warmup_s": warmup, **row})
             print_row(rows[-1])
     del os.environ[TRACE_ENV]
     return rows

@@ -7,11 +7,14 @@ previous item's end), both from CUDA events, so the device timeline of a window 
 span = sum of gpu_ms + sum of gap_ms (the first item's gap excluded: it reaches back before the
 window). busy_fraction = gpu time / span, idle_fraction = gaps / span. Host records give the
 worker loop's host work per iteration (its time minus the time it waited for the device).
+`stalls` finds items far slower than the median round (a Triton compile inside serving shows up
+as an item of seconds): worst_item_ratio = the slowest item's gpu_ms / the median denoise item's.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 
@@ -43,4 +46,20 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
         "gap_ms_mean": gap_ms / max(1, len(items) - 1),
         "rows_mean": sum(r["rows"] for r in denoise) / n,
         "host_ms_per_forward": host_ms / n,
+        **{k: v for k, v in stalls(items).items() if k != "slow"},
     }
+
+
+def stalls(records: list[dict[str, Any]], factor: float = 3.0) -> dict[str, Any]:
+    """The median denoise item (a round), the slowest item of any kind, their ratio, and the
+    items slower than `factor` x the median round ("slow")."""
+    items = [r for r in records if r["kind"] in ("prefill", "denoise")]
+    rounds = [r["gpu_ms"] for r in items if r["kind"] == "denoise"]
+    if not rounds:
+        return {}
+    median = statistics.median(rounds)
+    worst = max(items, key=lambda r: r["gpu_ms"])
+    return {"median_round_ms": median, "worst_item_ms": worst["gpu_ms"],
+            "worst_item_kind": worst["kind"],
+            "worst_item_ratio": worst["gpu_ms"] / median if median > 0 else 0.0,
+            "slow": [r for r in items if r["gpu_ms"] > factor * median]}

@@ -26,7 +26,6 @@ class WorkerConfig:
     dllm: DllmConfig
     mode: RoundMode
     log_level: str = "info"
-    max_prefill_tokens: int = 4096  # --chunked-prefill-size
 
 
 @dataclass(frozen=True)
@@ -77,13 +76,14 @@ class EngineConfig:
         runner = RunnerConfig(
             model=self.model, block_size=self.dllm.block_size, mask_id=self.dllm.mask_id,
             device=a.resolved_device, dtype=a.resolved_dtype,
-            attention_backend=a.attention_backend, moe_backend=a.moe_backend,
+            attention_backend=a.resolved_attention_backend, moe_backend=a.resolved_moe_backend,
             load_format=a.load_format, random_seed=a.random_seed, page_size=a.page_size,
             context_length=a.context_length, max_total_tokens=a.max_total_tokens,
             mem_fraction_static=a.mem_fraction_static,
             max_running_requests=a.max_running_requests,
-            cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks)
-        return WorkerConfig(runner, self.dllm, self.mode, a.log_level, a.chunked_prefill_size)
+            cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks,
+            chunked_prefill_size=a.chunked_prefill_size)
+        return WorkerConfig(runner, self.dllm, self.mode, a.log_level)
 
     def scheduler(self) -> SchedulerProcConfig:
         a = self.args

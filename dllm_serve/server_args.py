@@ -70,19 +70,22 @@ class ServerArgs:
     mem_fraction_static: float = _f(
         0.85, "GPU only: fraction of GPU memory for weights + KV pool.")
     attention_backend: str = _f(
-        "torch", "Attention implementation: torch (the reference) or triton (the "
-        "block-diffusion paged attention kernel, with fused RMSNorm, q/k norm + RoPE and KV "
-        "store kernels; CUDA).")
+        "auto", "Attention implementation: auto (triton on CUDA, torch on the CPU), torch (the "
+        "reference) or triton (the block-diffusion paged attention kernel, with fused RMSNorm, "
+        "q/k norm + RoPE and KV store kernels; CUDA).")
     moe_backend: str = _f(
-        "torch", "MoE experts implementation: torch (the reference) or triton (device routing, "
-        "expert-sorted grouped GEMMs; CUDA).")
+        "auto", "MoE experts implementation: auto (triton on CUDA, torch on the CPU), torch (the "
+        "reference) or triton (device routing, expert-sorted grouped GEMMs; CUDA).")
     disable_cuda_graph: bool = _f(
-        False, "Run denoise forwards eagerly. By default, on CUDA with the triton attention and "
-        "MoE backends, each denoise forward replays a CUDA graph captured at startup for its "
-        "batch-size bucket.", boolean=True)
+        False, "Run forwards eagerly. By default, on CUDA with the triton attention and MoE "
+        "backends, each prefill and denoise forward replays a CUDA graph captured at startup "
+        "for its size bucket. With the triton attention backend every forward is padded to its "
+        "bucket and every bucket's kernels are compiled before the server is ready, graphs or "
+        "not.", boolean=True)
     cuda_graph_max_bs: int | None = _f(
         None, "Largest denoise batch, in active blocks, replayed from a CUDA graph (larger ones "
-        "run eagerly). Default: max_running_requests x dllm_wavefront_size, at most 256.")
+        "run eagerly, padded to their bucket). Default: max_running_requests x "
+        "dllm_wavefront_size, at most 256.")
     load_format: str = _f(
         "auto", "auto: read the checkpoint's *.safetensors; dummy: random weights built from "
         "config.json alone (speed tests at real shapes without the weights on disk).",
@@ -158,6 +161,14 @@ class ServerArgs:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     @property
+    def resolved_attention_backend(self) -> str:
+        return _resolve_backend(self.attention_backend, self.resolved_device)
+
+    @property
+    def resolved_moe_backend(self) -> str:
+        return _resolve_backend(self.moe_backend, self.resolved_device)
+
+    @property
     def resolved_dtype(self) -> str:
         if self.dtype != "auto":
             return self.dtype
@@ -191,6 +202,16 @@ class ServerArgs:
     def from_cli_args(ns: argparse.Namespace) -> ServerArgs:
         names = {f.name for f in dataclasses.fields(ServerArgs)}
         return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def _resolve_backend(name: str, device: str) -> str:
+    """"auto": the Triton kernels on CUDA (where Triton is installed), the PyTorch reference
+    elsewhere; any other name is kept (the backend registries reject unknown ones)."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    return "triton" if device == "cuda" and importlib.util.find_spec("triton") else "torch"
 
 
 def _cli_type(annotation: object) -> type:

@@ -8,6 +8,8 @@
 #   bash scripts/gpu_perf_check.sh          # device tool: carry [".whl"]
 #   STAGES="tests engine engine_default attention" TESTS=tests/test_engine_gpu.py \
 #     bash scripts/gpu_perf_check.sh         # a subset of the stages / of the tests
+#   ROOFLINE_ARGS="--backends triton+graphs --iters 5 --warmup 2" ENGINE_ARGS="--concurrency 16"
+#     ... and *_LIMIT (seconds): what the roofline / engine stages run, and for how long at most
 #
 # Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
 # and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
@@ -33,7 +35,8 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 status=0
 STAGES=${STAGES:-tests roofline engine}
-TESTS=${TESTS:-tests/test_kernels_attention.py tests/test_kernels_moe.py tests/test_kernels_step.py \
+TESTS=${TESTS:-tests/test_no_compile_after_ready.py tests/test_kernels_attention.py \
+  tests/test_kernels_moe.py tests/test_kernels_step.py \
   tests/test_kernels_fused_ops.py tests/test_kernels_moe_sort.py tests/test_kernels_model.py \
   tests/test_cuda_graph.py tests/test_engine_gpu.py}
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $RUN/NAME.log
@@ -63,12 +66,15 @@ stage tests ${TESTS_LIMIT:-240} python3 -m pytest -v --tb=short -p no:cacheprovi
   --durations=12 ${TEST_FLAGS:-} $TESTS
 
 # 2. Roofline: graphs, eager Triton, plain PyTorch; profile tables at B=16, prefix 4k.
-stage roofline 160 python3 benchmarks/round_roofline.py --iters 5 --warmup 2 \
-  --out "$RUN/roofline.json"
+# shellcheck disable=SC2086  # *_ARGS are lists of flags
+stage roofline ${ROOFLINE_LIMIT:-160} python3 benchmarks/round_roofline.py \
+  ${ROOFLINE_ARGS:---iters 5 --warmup 2} --out "$RUN/roofline.json"
 
 # 3. The engine end to end with random weights at LLaDA2.0-mini's shapes.
-stage engine 200 python3 benchmarks/engine_gpu.py --concurrency 16 64 --graphs on off \
-  --eager-concurrency 16 --max-new-tokens 128 --out "$RUN/engine_gpu.json"
+# shellcheck disable=SC2086
+stage engine ${ENGINE_LIMIT:-200} python3 benchmarks/engine_gpu.py \
+  ${ENGINE_ARGS:---concurrency 16 64 --graphs on off --eager-concurrency 16} \
+  --max-new-tokens 128 --out "$RUN/engine_gpu.json"
 
 # 4. (optional) The built-in trained model end to end, FDFO then sync: rounds, forwards, idle.
 DEFAULT_MODEL=dllm_serve/assets/default_model
@@ -111,7 +117,8 @@ stage sdar_engine_30b 300 python3 benchmarks/engine_gpu.py --preset sdar-30b-a3b
     [[ -f $RUN/roofline_$r.md ]] && { echo "## roofline $r"; cat "$RUN/roofline_$r.md"; }
   done
   echo; echo "## engine"; echo '```'
-  grep -h -E '^(fdfo|sync) graphs=|=== (sdar_)?engine' "$RUN"/*engine*.log; echo '```'
+  grep -h -E '^(fdfo|sync) graphs=|^graphs=.*startup|=== (sdar_)?engine' "$RUN"/*engine*.log
+  echo '```'
   echo "## attention"; echo '```'; grep -h -E '^best|=== attention' "$RUN/attention.log"; echo '```'
   echo "## runtime"; echo '```'
   grep -h -E '^(default-|mini-|fdfo_over|w2_over)|=== runtime' "$RUN"/runtime*.log; echo '```'

@@ -88,7 +88,7 @@ def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1
     mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
     runner = ModelRunner(wcfg.runner)
     worker = Worker(runner, build_algorithm(wcfg.dllm), mode, report_every_s=0.0,
-                    max_prefill_tokens=wcfg.max_prefill_tokens)
+                    max_prefill_tokens=wcfg.runner.chunked_prefill_size)
     scfg = dataclasses.replace(cfg.scheduler().scheduler, num_pages=runner.num_pages,
                                page_size=runner.page_size)
     return LocalEngine(Scheduler(scfg, FinishChecker(set(), None)), worker)
@@ -148,7 +148,7 @@ class FakeRunner:
                 token_ids: list[np.ndarray]) -> None:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))
 
-    def capture_graphs(self, *args: Any) -> None:
+    def warm_up(self, *args: Any) -> None:
         pass
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],

@@ -1,10 +1,12 @@
-"""CUDA-graph denoise forwards (model/cuda_graph.py, model/graph_layout.py).
+"""Bucketed forwards and their CUDA graphs (model/buckets.py, graph_layout.py, cuda_graph.py,
+denoise_graphs.py, prefill_graphs.py).
 
 On the CPU: bucket choice, the packed metadata (padding blocks on the scratch slot, length-0
-tiles, stale fields overwritten), and the static padded forward run eagerly through the Triton
-interpreter: same logits as the eager path, K/V written only to the request's pages and the
-scratch page, and a worker round (FDFO, wavefront W=2: the layout changes inside the round)
-giving the same tokens. Capture and replay run in the `gpu` tests at the end.
+tiles, stale fields overwritten), and the static padded forwards run eagerly through the Triton
+interpreter: the same logits as the eager path, K/V written only to the requests' pages and the
+scratch page (denoise and prefill), the warm-up touching nothing but the scratch page, and a
+worker round (FDFO, wavefront W=2: the layout changes inside the round) giving the same tokens.
+Capture and replay run in the `gpu` tests at the end.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from dllm_serve.dllm.wavefront import WavefrontConfig
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.managers.messages import AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker
-from dllm_serve.model.cuda_graph import DenoiseGraphs
-from dllm_serve.model.graph_layout import MetaLayout, fill_meta, graph_buckets, pick_bucket
+from dllm_serve.model.buckets import denoise_buckets, pick_bucket
+from dllm_serve.model.denoise_graphs import DenoiseGraphs
+from dllm_serve.model.graph_layout import MetaLayout, fill_meta
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
@@ -33,9 +36,10 @@ PROMPTS = [np.arange(5, 5 + 64), np.arange(9, 9 + 32)]
 
 
 def test_buckets() -> None:
-    assert graph_buckets(1) == [1]
-    assert graph_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
-    assert graph_buckets(100)[-3:] == [80, 96, 100]
+    assert denoise_buckets(1) == [1]
+    assert denoise_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert denoise_buckets(100)[-3:] == [80, 96, 100]
+    assert denoise_buckets(400)[-4:] == [256, 320, 384, 400]
     assert [pick_bucket(n, [1, 2, 4, 8]) for n in (1, 3, 8, 9)] == [1, 4, 8, None]
 
 
@@ -61,17 +65,18 @@ def test_fill_meta_pads_with_scratch_blocks() -> None:
 
 
 def runner_for(args: ServerArgs) -> tuple[ModelRunner, int]:
-    """A runner with its forward graphs captured (on CUDA; the worker would add its step)."""
+    """A runner with its bucketed forwards, warmed up and captured on CUDA (the worker would
+    add its step)."""
     cfg = EngineConfig.resolve(args).worker().runner
     runner = ModelRunner(cfg)
-    runner.capture_graphs()
+    runner.warm_up()
     return runner, cfg.mask_id
 
 
 def make_runner(model_dir: Path, device: str = "cpu", **kw: object) -> tuple[ModelRunner, int]:
     args = ServerArgs(model_path=str(model_dir), device=device, attention_backend="triton",
                       moe_backend="triton", max_running_requests=4, max_total_tokens=2048,
-                      **kw)  # type: ignore[arg-type]
+                      chunked_prefill_size=256, **kw)  # type: ignore[arg-type]
     runner, mask_id = runner_for(args)
     for slot, pages in enumerate(PAGES):
         runner.add_pages(slot, 0, pages)
@@ -80,8 +85,14 @@ def make_runner(model_dir: Path, device: str = "cpu", **kw: object) -> tuple[Mod
 
 
 def uncaptured_graphs(runner: ModelRunner, mask_id: int, max_blocks: int = 8) -> DenoiseGraphs:
-    return DenoiseGraphs(runner.model, runner.kv, runner.attn, K, max_blocks,
+    return DenoiseGraphs(runner.model, runner.kv, runner.attn, K, max_blocks,  # type: ignore[arg-type]
                          runner.model.config.vocab_size, mask_id, runner.scratch_slot)
+
+
+def real_kv(runner: ModelRunner) -> list[torch.Tensor]:
+    """Every layer's K and V cache without the scratch page (the last one)."""
+    end = runner.num_pages * runner.page_size
+    return [t[:end] for t in runner.kv.k + runner.kv.v]
 
 
 INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
@@ -110,6 +121,54 @@ def test_static_forward_equals_eager(tiny_model_dir: Path) -> None:
             torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
 
 
+@INTERPRETER_ONLY
+@torch.inference_mode()
+def test_padded_prefill_equals_unpadded(tiny_model_dir: Path) -> None:
+    """Two prompts (64 + 96 tokens = 5 blocks) prefilled in one forward padded to the 8-block
+    bucket write the same K/V as the unpadded eager prefill and nothing else but the scratch
+    page; the denoise logits over them are the same."""
+    prompts = [np.arange(5, 69), np.arange(100, 196)]
+    pages = [np.array([3, 7, 1]), np.array([0, 5, 2, 11])]
+    ids = torch.randint(0, 300, (2, K), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for padded in (False, True):
+        args = ServerArgs(model_path=str(tiny_model_dir), device="cpu",
+                          attention_backend="triton", moe_backend="triton",
+                          max_running_requests=4, max_total_tokens=2048,
+                          chunked_prefill_size=256)
+        runner = ModelRunner(EngineConfig.resolve(args).worker().runner)
+        assert runner.prefill_graphs is not None
+        assert runner.prefill_graphs.bucket_tokens(160) == 256
+        if not padded:
+            runner.prefill_graphs = None
+        for slot, p in enumerate(pages):
+            runner.add_pages(slot, 0, p)
+        runner.prefill([0, 1], [0, 0], prompts)
+        logits = runner.eager_forward([0, 1], [64, 96], [1, 1], ids.clone())()
+        out[padded] = [t.clone() for t in real_kv(runner)], logits
+    (kv_ref, logits_ref), (kv_pad, logits_pad) = out[False], out[True]
+    for ref, pad in zip(kv_ref, kv_pad, strict=True):
+        torch.testing.assert_close(pad, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits_pad, logits_ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits_pad.argmax(-1), logits_ref.argmax(-1))
+
+
+@INTERPRETER_ONLY
+@torch.inference_mode()
+def test_warm_up_writes_only_the_scratch_page(tiny_model_dir: Path) -> None:
+    """The warm-up forwards (every prefill and denoise bucket, all pad blocks) leave the
+    cached K/V of real requests as they were."""
+    runner, mask_id = make_runner(tiny_model_dir)
+    assert runner.prefill_graphs is not None and runner.graphs is not None
+    assert runner.prefill_graphs.buckets == [1, 2, 4, 8] and runner.graphs.buckets == [1, 2, 4, 8]
+    before = [t.clone() for t in real_kv(runner)]
+    for forwards in (runner.prefill_graphs, runner.graphs):
+        forwards.warm_up()
+    for b, a in zip(before, real_kv(runner), strict=True):
+        assert torch.equal(a, b)
+    assert all(t[runner.num_pages * K:].abs().sum() > 0 for t in runner.kv.k)  # pads wrote there
+
+
 @torch.inference_mode()
 def worker_tokens(model_dir: Path, static: bool, step: bool = False,
                   ) -> tuple[np.ndarray, list[int]]:
@@ -121,12 +180,14 @@ def worker_tokens(model_dir: Path, static: bool, step: bool = False,
     algo.fused_predict = True
     mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.5,
                                                           token_threshold=0.0))
-    worker = Worker(runner, algo, mode, report_every_s=0.0)
-    if static:  # the graphs' static forward (and step) run eagerly: no capture on the CPU
+    worker = Worker(runner, algo, mode, report_every_s=0.0)  # builds the bucketed forwards
+    assert runner.graphs is not None and runner.graphs.step is not None
+    if not static:  # the unpadded eager path
+        runner.graphs = None
+    elif not step:  # the static forward eagerly, the step after it on its logits
         runner.graphs = DenoiseGraphs(
-            runner.model, runner.kv, runner.attn, K, 8, runner.model.config.vocab_size,
-            mask_id, runner.scratch_slot, ids=worker.storage.ids,
-            step=worker._graph_step if step else None, width=K + 5)
+            runner.model, runner.kv, runner.attn, K, 8, runner.model.config.vocab_size,  # type: ignore[arg-type]
+            mask_id, runner.scratch_slot, ids=worker.storage.ids)
     items: list[AddPages | Admit] = [AddPages(slot, 0, p) for slot, p in enumerate(PAGES)]
     for slot, start in ((0, 64), (1, 32)):
         block = np.full((1, K), mask_id, dtype=np.int64)
@@ -168,7 +229,7 @@ def test_graph_replay_equals_eager(tiny_model_dir: Path) -> None:
         block_ids = ids[:sum(blocks)].clone()
         replay = graphs.prepare(slots, starts, blocks, block_ids).forward().clone()  # type: ignore[union-attr]
         bucket = graphs.forwards[pick_bucket(sum(blocks), graphs.buckets)]  # type: ignore[index]
-        eager_static = graphs._forward(bucket)[:replay.shape[0]]
+        eager_static = graphs.logits_of(bucket)[:replay.shape[0]]
         diff = (replay - eager_static).abs().max().item()
         assert torch.equal(replay, eager_static), f"replay differs from eager by {diff}"
         ref = runner.eager_forward(slots, starts, blocks, block_ids)()
@@ -184,7 +245,9 @@ def test_capture_failure_runs_eagerly(tiny_model_dir: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(DenoiseGraphs, "capture", broken)
     runner, mask_id = make_runner(tiny_model_dir, device="cuda")
-    assert runner.graphs is None and "CUDA graph capture failed" in caplog.text
+    assert "CUDA graph capture failed" in caplog.text
+    assert runner.graphs is not None and not runner.graphs.captured  # bucketed, eager
+    assert runner.prefill_graphs is not None and not runner.prefill_graphs.captured
     ids = torch.full((1, K), mask_id, device="cuda")
     with torch.inference_mode():
         logits = runner.prepare_denoise([1], [32], [1], ids).forward()
@@ -200,7 +263,8 @@ def test_llada2_mini_shape_graphs(tmp_path: Path) -> None:
                                    num_hidden_layers=2)
     args = ServerArgs(model_path=str(folder), load_format="dummy", device="cuda",
                       attention_backend="triton", moe_backend="triton", max_running_requests=64,
-                      dllm_wavefront_size=1, context_length=4200, max_total_tokens=64 * 4300)
+                      dllm_wavefront_size=1, context_length=4200, max_total_tokens=64 * 4300,
+                      chunked_prefill_size=64)  # few prefill buckets: this test is denoise
     runner, mask_id = runner_for(args)
     graphs = runner.graphs
     assert graphs is not None and graphs.buckets[-1] == 64
@@ -219,7 +283,7 @@ def test_llada2_mini_shape_graphs(tmp_path: Path) -> None:
         slots, blocks = list(range(batch_size)), [1] * batch_size
         replay = graphs.prepare(slots, starts, blocks, ids).forward().clone()  # type: ignore[union-attr]
         static = graphs.forwards[pick_bucket(batch_size, graphs.buckets)]  # type: ignore[index]
-        eager_static = graphs._forward(static)[:replay.shape[0]]
+        eager_static = graphs.logits_of(static)[:replay.shape[0]]
         diff = (replay - eager_static).abs().max().item()
         assert torch.equal(replay, eager_static), f"replay differs from eager by {diff}"
         ref = runner.eager_forward(slots, starts, blocks, ids)()

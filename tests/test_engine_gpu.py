@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import engine_gpu
-from benchmarks.trace_summary import read_trace, summarize
+from benchmarks.trace_summary import read_trace, stalls, summarize
 from dllm_serve import Engine
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.model.runner import ModelRunner
@@ -40,6 +40,18 @@ def test_dummy_load_format_builds_from_config_alone(no_weights_dir: Path) -> Non
         ServerArgs(load_format="npz")
 
 
+def test_auto_backends_are_triton_on_cuda_and_torch_on_the_cpu(no_weights_dir: Path) -> None:
+    cpu, cuda = ServerArgs(device="cpu"), ServerArgs(device="cuda")
+    assert cpu.attention_backend == cpu.moe_backend == "auto"
+    assert cpu.resolved_attention_backend == cpu.resolved_moe_backend == "torch"
+    assert cuda.resolved_attention_backend == cuda.resolved_moe_backend == "triton"
+    mixed = ServerArgs(device="cuda", attention_backend="torch")
+    assert (mixed.resolved_attention_backend, mixed.resolved_moe_backend) == ("torch", "triton")
+    runner = EngineConfig.resolve(ServerArgs(model_path=str(no_weights_dir), device="cpu",
+                                             load_format="dummy")).worker().runner
+    assert (runner.attention_backend, runner.moe_backend) == ("torch", "torch")
+
+
 def test_trace_summary() -> None:
     def item(kind: str, gpu: float, gap: float) -> dict:
         return {"kind": kind, "t0": 0.0, "t1": 0.0, "rows": 4, "gpu_ms": gpu, "gap_ms": gap}
@@ -53,6 +65,9 @@ def test_trace_summary() -> None:
     assert s["idle_fraction"] == pytest.approx(0.1) and s["busy_fraction"] == pytest.approx(0.9)
     assert s["forward_ms_mean"] == pytest.approx(3.5)
     assert s["host_ms_per_forward"] == pytest.approx((3.0 - 1.0 + 2.0) / 2)
+    assert s["median_round_ms"] == pytest.approx(3.5) and s["worst_item_kind"] == "denoise"
+    assert s["worst_item_ratio"] == pytest.approx(6.0 / 3.5)
+    assert [r["gpu_ms"] for r in stalls(records, factor=1.5)["slow"]] == [6.0]
 
 
 def test_engine_benchmark_on_the_cpu(tmp_path: Path) -> None:
@@ -88,6 +103,9 @@ def test_trace_file_is_written_by_the_worker(no_weights_dir: Path, tmp_path: Pat
     with Engine(model_path=str(no_weights_dir), load_format="dummy", device="cpu",
                 log_level="warning", max_running_requests=2) as e:
         e.generate(["a " * 40, "b"], {"max_new_tokens": 32, "ignore_eos": True})  # a prefills
+        startup = e.get_server_info()["startup"]
+    assert startup["worker_s"] > 0 and startup["warmup_s"] == 0.0  # the CPU compiles nothing
+    assert startup["prefill_buckets"] == [] and not startup["cuda_graphs"]  # torch: unbucketed
     records = read_trace(str(trace), 0.0, float("inf"))
     header = read_trace(str(trace), 0.0, float("inf"), kinds=("worker",))
     assert header[0]["cuda_graphs"] is False  # the CPU never captures

@@ -126,6 +126,18 @@ def test_choose_num_splits() -> None:
     assert choose_num_splits(num_tiles=64, kv_heads=4, sms=132) == 1
 
 
+def test_launch_per_bucket_on_an_h200() -> None:
+    """LLaDA2.0-mini's denoise buckets (one tile per block, 4 KV heads, 132 SMs): split-K up to
+    33 blocks takes the 32-key launch, one split (34 blocks up, long prefills) the 64-key one;
+    both launches are checked against the reference above (splits=1 and splits > 1)."""
+    from dllm_serve.kernels.block_attention import choose_launch
+
+    keys = {b: choose_launch(choose_num_splits(b, 4, 132)).block_n
+            for b in (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 128, 256)}
+    assert keys == {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 24: 32, 32: 32, 40: 64, 48: 64, 64: 64,
+                    128: 64, 256: 64}
+
+
 MINI = Shape(heads=16, kv_heads=4, head_dim=128, block=32, page=32)
 
 

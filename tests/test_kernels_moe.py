@@ -49,11 +49,15 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 @pytest.mark.parametrize("name", sorted(ROUTINGS))
-def test_route_equals_reference(name: str) -> None:
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_route_equals_reference(name: str, bias_dtype: torch.dtype) -> None:
+    """The expert bias in the model's dtype (bf16 on the GPU) is read as it is and widened in
+    the kernel, as the reference widens it."""
     experts, p = ROUTINGS[name]
     gen = torch.Generator().manual_seed(0)
     logits = rand(41, experts, gen=gen, scale=2.0)
-    bias = rand(experts, gen=gen, scale=0.1) if p.score_function == "sigmoid" else None
+    bias = (rand(experts, gen=gen, scale=0.1, dtype=bias_dtype)
+            if p.score_function == "sigmoid" else None)
     assert_same_routing(*fused_route(logits, bias, p), *route(logits, bias, p))
 
 

@@ -24,7 +24,7 @@ from dllm_serve.engine_config import EngineConfig
 from dllm_serve.kernels.fused_moe import triton_moe
 from dllm_serve.kernels.step import argmax_confidence
 from dllm_serve.layers.moe import RoutingParams, torch_moe
-from dllm_serve.model.graph_layout import pick_bucket
+from dllm_serve.model.buckets import pick_bucket
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
@@ -211,14 +211,14 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
                                    num_hidden_layers=2)
     args = ServerArgs(model_path=str(folder), load_format="dummy", device="cuda",
                       attention_backend="triton", moe_backend="triton", max_running_requests=32,
-                      context_length=4200, max_total_tokens=64 * 4300)
+                      context_length=4200, max_total_tokens=64 * 4300, chunked_prefill_size=64)
     cfg = EngineConfig.resolve(args).worker().runner
     runner = ModelRunner(cfg)
     # One split-K count for the graphs and the eager reference: with random weights at the
     # MoE shape, the rounding difference of another count flips top-8 expert choices (an H200
     # run saw 1.1e-1 at 32 x 2 blocks; the same comparison is exact in fp32 on the CPU).
     runner.attn.num_splits = 1
-    runner.capture_graphs()  # the forward graphs (the worker adds its step)
+    runner.warm_up()  # the forward graphs (the worker adds its step)
     graphs = runner.graphs
     assert graphs is not None and graphs.buckets[-1] == 64  # 32 requests x wavefront 2
     for t in runner.kv.k + runner.kv.v:
@@ -236,7 +236,7 @@ def test_real_shape_cuda_graphs_with_4_token_blocks(tmp_path: Path, preset: str)
         slots, num_blocks = list(range(requests)), [blocks] * requests
         replay = graphs.prepare(slots, starts, num_blocks, ids).forward().clone()  # type: ignore[union-attr]
         bucket = pick_bucket(requests * blocks, graphs.buckets)
-        eager_static = graphs._forward(graphs.forwards[bucket])[:replay.shape[0]]  # type: ignore[index]
+        eager_static = graphs.logits_of(graphs.forwards[bucket])[:replay.shape[0]]  # type: ignore[index]
         assert torch.equal(replay, eager_static)
         ref = runner.eager_forward(slots, starts, num_blocks, ids)()
         err = ((replay - ref).norm() / ref.norm()).item()

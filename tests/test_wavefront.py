@@ -96,7 +96,7 @@ class ScriptedLogits:
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         pass
 
-    def capture_graphs(self, *args: object) -> None:
+    def warm_up(self, *args: object) -> None:
         pass
 
     def prepare_denoise(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]

@@ -99,8 +99,10 @@ def _start(ctx: ServerContext, loading: asyncio.Task[TokenizerManager],
     ctx.front = front
     ctx.life.mark_ready(front)
     url = f"http://{ctx.args.host}:{ctx.args.port}"
-    logger.info("dllm-serve is ready at %s (model %r; OpenAI API at %s/v1)", url,
-                ctx.model_name, url)
+    startup = front.ready_info.get("startup", {})
+    logger.info("dllm-serve is ready at %s (model %r; OpenAI API at %s/v1); worker started "
+                "in %.1f s, %.1f s of it warm-up and CUDA graph capture", url, ctx.model_name,
+                url, startup.get("worker_s", 0.0), startup.get("warmup_s", 0.0))
     return asyncio.create_task(ctx.life.watch(front))
 
 

@@ -29,14 +29,37 @@ from dllm_serve.utils.device import to_device
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows (tokens x grouped heads) per tile
-# Keys per inner step, warps and pipeline stages: the fastest launch at B=16 and 32, prefix ~4k,
-# LLaDA2.0-mini's heads that keeps BLOCK_M = 128 (8 query heads per KV head still fit), from
-# benchmarks/attention_tune.py on an H200 (results/h200/attention_tune.json): 83 / 144 us per
-# layer against 108 / 189 us for the previous (64 keys, 8 warps, 2 stages).
-BLOCK_N = 32
-NUM_WARPS = 8
-NUM_STAGES = 3
 TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_len, token offset)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Keys per inner step, warps and pipeline stages of one attention launch."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# The launch by key-range splits (the one table; a plan's split count is fixed per bucket, so
+# each bucket has its launch): the first row whose bound holds the plan's splits. With split-K
+# (small batches, where the tiles alone leave SMs idle) 32 keys, 8 warps, 3 stages: the fastest
+# launch keeping BLOCK_M = 128 at B=16 and 32, prefix ~4k, LLaDA2.0-mini's heads, in
+# benchmarks/attention_tune.py on an H200 (results/h200/attention_tune.json: 83 / 144 us per
+# layer against 108 / 189 us for 64 keys, 8 warps, 2 stages), and in whole rounds at B=1-32
+# (results/h200/perf/roofline_attention_n32.md against roofline.json: equal at B=1, 0.2-0.9 ms
+# faster at B=4-32). Once the tiles fill the device (one split: B >= 34 blocks on an H200's
+# 132 SMs, and long prefills) 64 keys, 8 warps, 2 stages: each program walks the whole prefix,
+# and the same round comparison had the 32-key launch 1.4 ms slower at B=64, prefix ~4k
+# (27.78 against 26.38 ms; 22.11 against 21.95 at ~1k).
+LAUNCHES: tuple[tuple[int, Launch], ...] = (
+    (1, Launch(block_n=64, num_warps=8, num_stages=2)),
+    (1 << 30, Launch(block_n=32, num_warps=8, num_stages=3)),
+)
+
+
+def choose_launch(num_splits: int) -> Launch:
+    return next(launch for bound, launch in LAUNCHES if num_splits <= bound)
 
 
 @dataclass
@@ -50,6 +73,7 @@ class BlockAttnPlan:
     block_size: int
     ws_out: torch.Tensor | None  # (splits, T, H, D) fp32 partial outputs, when splits > 1
     ws_lse: torch.Tensor | None  # (splits, T, H) fp32 partial log2-sum-exp
+    launch: Launch  # from LAUNCHES by num_splits
 
 
 def tokens_per_tile(group: int) -> int:
@@ -84,7 +108,8 @@ def plan_block_attention(seg_starts: list[int], seg_lens: list[int], block_size:
         ws_out = torch.empty(num_splits, t, num_heads, head_dim, dtype=torch.float32,
                              device=device)
         ws_lse = torch.empty(num_splits, t, num_heads, dtype=torch.float32, device=device)
-    return BlockAttnPlan(tiles, tq, num_splits, t, block_size, ws_out, ws_lse)
+    return BlockAttnPlan(tiles, tq, num_splits, t, block_size, ws_out, ws_lse,
+                         choose_launch(num_splits))
 
 
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -102,15 +127,16 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     grid = (plan.tiles.shape[0], kvh, plan.num_splits)
     split = plan.num_splits > 1
+    launch = plan.launch
     _attention_kernel[grid](
         q, k_cache, v_cache, out, plan.ws_out if split else out, plan.ws_lse if split else out,
         req_to_page, seg_req, plan.tiles, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), req_to_page.stride(0), t,
         NUM_HEADS=h, G=h // kvh, TQ=plan.tokens_per_tile, HEAD_DIM=d, PAGE=page_size,
-        BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(), num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES)
+        BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=BLOCK_M,
+        BLOCK_N=launch.block_n, BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(),
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     if split:
         rows = 64
         _combine_kernel[(cdiv(t * h, rows),)](

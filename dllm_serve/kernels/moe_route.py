@@ -49,7 +49,7 @@ def fused_route(logits: torch.Tensor, expert_bias: torch.Tensor | None, p: Routi
     weights = torch.empty(t, p.top_k, dtype=torch.float32, device=logits.device)
     if t == 0:
         return ids, weights
-    bias = logits if expert_bias is None else expert_bias.float().contiguous()
+    bias = logits if expert_bias is None else expert_bias.contiguous()  # cast in the kernel
     block_t = min(next_pow2(t), 64) if interpreted() else GPU_TOKENS_PER_PROGRAM
     groups = max(p.n_group, 1)
     _route_kernel[(triton.cdiv(t, block_t),)](
@@ -98,7 +98,7 @@ def _route_kernel(Logits, Bias, Ids, Weights, num_tokens, scaling, E: tl.constex
         scores = tl.exp(x - top[:, None, None]) / den[:, None, None]
     choice = scores
     if HAS_BIAS:
-        choice = scores + tl.load(Bias + expert)[None, :, :]
+        choice = scores + tl.load(Bias + expert).to(tl.float32)[None, :, :]
     if N_GROUP > 1:
         choice = _keep_best_groups(choice, N_GROUP, GROUP, TOPK_GROUP)
     flat = tl.reshape(choice, (BLOCK_T, E))

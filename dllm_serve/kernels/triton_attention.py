@@ -15,6 +15,7 @@ import torch
 from dllm_serve.kernels.block_attention import (
     BlockAttnPlan,
     block_attention,
+    choose_launch,
     plan_block_attention,
     tokens_per_tile,
 )
@@ -65,7 +66,7 @@ class TritonAttention(AttentionBackend):
             ws_lse = torch.empty(splits, num_tokens, self.num_heads, dtype=torch.float32,
                                  device=tiles.device)
         return BlockAttnPlan(tiles, self.tokens_per_tile, splits, num_tokens, block_size,
-                             ws_out, ws_lse)
+                             ws_out, ws_lse, choose_launch(splits))
 
     def _splits(self, num_tiles: int) -> int:
         if self.num_splits is not None:

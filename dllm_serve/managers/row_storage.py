@@ -1,7 +1,7 @@
 """`RowStorage`: fixed device buffers that hold the resident batch's rows.
 
 The active blocks always live in rows [0, N) of these buffers, so a CUDA graph captured once
-over them (the forward and the greedy step together, model/cuda_graph.py) reads and writes the
+over them (the forward and the greedy step together, model/denoise_graphs.py) reads and writes the
 live batch directly. Buffers, `capacity` rows each:
   ids (capacity, K) int64                 block tokens (also the graphs' static input ids)
   state {key: (capacity, ...)}            the algorithm's per-block state

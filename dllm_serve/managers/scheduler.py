@@ -41,6 +41,7 @@ from dllm_serve.managers.messages import (
 )
 from dllm_serve.managers.req import Req
 from dllm_serve.mem.allocator import KVAllocator
+from dllm_serve.model.buckets import prefill_budget
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class Scheduler:
     def _prefill(self, reqs: list[Req]) -> None:
         """Prefill forwards of at most chunked_prefill_size tokens (whole blocks) each."""
         k = self.config.block_size
-        budget = max(k, self.config.chunked_prefill_size // k * k)
+        budget = prefill_budget(self.config.chunked_prefill_size, k)
         work, left = Prefill([], [], []), budget
         for req in reqs:
             while req.needs_prefill:

@@ -51,8 +51,9 @@ def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
     front_in, front_out = Receiver(ctx, addrs.to_scheduler), Sender(ctx, addrs.to_front)
     worker_in, worker_out = Receiver(ctx, addrs.from_worker), Sender(ctx, addrs.to_worker)
     try:
-        scheduler = build_scheduler(cfg, check_worker(worker_in.recv()))
-        front_out.send(Ready(scheduler.server_info()))
+        ready = check_worker(worker_in.recv())
+        scheduler = build_scheduler(cfg, ready)
+        front_out.send(Ready({**scheduler.server_info(), **ready.info}))  # + "startup"
         event_loop(scheduler, front_in, worker_in, front_out, worker_out)
         worker_out.send(Shutdown())
     except Exception:

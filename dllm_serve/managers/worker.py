@@ -80,8 +80,8 @@ class Worker:
         rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
         self.storage = RowStorage(algo, rows, self.k, runner.device)
         self.batch = ResidentBatch(algo, self.storage)
-        runner.capture_graphs(self.storage.ids, self._graph_step if algo.graph_safe else None,
-                              self.k + len(FLAGS))
+        runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
+                       self.k + len(FLAGS))
         self.readback = Readback(runner.device)
         self.tracer = tracer
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)

@@ -10,6 +10,7 @@ import logging
 import sys
 import time
 import traceback
+from typing import Any
 
 import zmq
 
@@ -31,8 +32,13 @@ def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
     ctx = zmq.Context()
     rx, tx = Receiver(ctx, addrs.to_worker), Sender(ctx, addrs.from_worker)
     try:
+        start = time.monotonic()
         worker = build_worker(cfg)
-        tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size))
+        info = startup_info(worker, time.monotonic() - start)
+        logger.info("worker ready in %.1f s (warm-up and capture %.1f s of it)",
+                    info["worker_s"], info["warmup_s"])
+        tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size,
+                            {"startup": info}))
         loop(worker, rx, tx)
     except Exception:
         logger.exception("worker failed")
@@ -71,8 +77,22 @@ def unpack(msgs: list[object]) -> list[WorkItem] | None:
 
 def build_worker(cfg: WorkerConfig) -> Worker:
     runner = ModelRunner(cfg.runner)
+    worker = Worker(runner, build_algorithm(cfg.dllm), cfg.mode,  # warms up, captures
+                    max_prefill_tokens=cfg.runner.chunked_prefill_size)
     graphs = runner.graphs
-    tracer = Tracer.from_env(runner.device, {"cuda_graphs": graphs is not None,
-                                             "graph_buckets": graphs.buckets if graphs else []})
-    return Worker(runner, build_algorithm(cfg.dllm), cfg.mode, tracer,
-                  max_prefill_tokens=cfg.max_prefill_tokens)
+    captured = [] if graphs is None else [b for b in graphs.buckets
+                                          if graphs.forwards[b].graph is not None]
+    worker.tracer = Tracer.from_env(runner.device, {"cuda_graphs": bool(captured),
+                                                    "graph_buckets": captured})
+    return worker
+
+
+def startup_info(worker: Worker, seconds: float) -> dict[str, Any]:
+    """How long the worker took to start, and the buckets its warm-up compiled."""
+    runner = worker.runner
+    pre, den = runner.prefill_graphs, runner.graphs
+    return {"worker_s": seconds, "warmup_s": runner.warmup_s,
+            "prefill_buckets": [] if pre is None else [b * runner.block_size
+                                                       for b in pre.buckets],
+            "denoise_buckets": [] if den is None else den.buckets,
+            "cuda_graphs": den is not None and den.captured}

@@ -1,17 +1,22 @@
 """`ModelRunner`: the model, its KV memory and the attention backend on one device.
 
-It runs prefill forwards (eager) and hands out repeatable denoise runs (`prepare_denoise`): on
-CUDA with the triton backends they replay CUDA graphs (model/cuda_graph.py) captured at startup
-by `capture_graphs`, over the worker's row storage and with its greedy step. The KV pool keeps
-one page and one request slot past what the scheduler is told of: the graphs' padding blocks
-write there. Configuration comes in as one frozen `RunnerConfig`, resolved by
-the parent process (engine_config.py).
+It runs prefill forwards and hands out repeatable denoise runs (`prepare_denoise`). With the
+triton attention backend every forward is *bucketed*: padded to a size bucket
+(model/buckets.py) and run over static buffers (model/prefill_graphs.py,
+model/denoise_graphs.py, the latter over the worker's row storage and with its greedy step).
+`warm_up`, called once by the worker before it reports ready, compiles every bucket's kernels
+on CUDA: it captures CUDA graphs (triton attention and MoE, --disable-cuda-graph not set) or
+runs each bucket once; so nothing compiles while serving. The torch attention backend runs
+unpadded eager forwards. The KV pool keeps one page and one request slot past what the
+scheduler is told of: padding blocks write there. Configuration comes in as one frozen
+`RunnerConfig`, resolved by the parent process (engine_config.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -25,6 +30,7 @@ from dllm_serve.layers.attention import ATTENTION_BACKENDS
 from dllm_serve.layers.fused import set_kernel_backend
 from dllm_serve.layers.moe import set_moe_backend
 from dllm_serve.mem.kv_cache import KVCache
+from dllm_serve.model.buckets import prefill_budget
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.forward_batch import ForwardBatch
@@ -32,7 +38,9 @@ from dllm_serve.model.loader import load_model, random_model
 from dllm_serve.utils.device import to_device
 
 if TYPE_CHECKING:
-    from dllm_serve.model.cuda_graph import DenoiseGraphs, Step
+    from dllm_serve.model.cuda_graph import BucketedForwards
+    from dllm_serve.model.denoise_graphs import DenoiseGraphs, Step
+    from dllm_serve.model.prefill_graphs import PrefillGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +69,7 @@ class RunnerConfig:
     max_running_requests: int = 16
     cuda_graphs: bool = False
     graph_max_blocks: int = 16
+    chunked_prefill_size: int = 4096  # the scheduler's prefill budget (model/buckets.py)
 
 
 def load_kernels() -> None:
@@ -101,7 +110,9 @@ class ModelRunner:
         logger.info("KV pool: %d pages of %d tokens (%.1f MB) on %s", num_pages, self.page_size,
                     num_pages * self.page_size * bytes_per_token / 1e6, self.device)
         self.cfg = cfg
-        self.graphs: DenoiseGraphs | None = None  # see capture_graphs
+        self.prefill_graphs = self._prefill_graphs()
+        self.graphs: DenoiseGraphs | None = None  # see warm_up
+        self.warmup_s = 0.0
 
     @property
     def max_requests(self) -> int:
@@ -116,43 +127,86 @@ class ModelRunner:
         """Pages the scheduler may hand out (the scratch page excluded)."""
         return self.kv.num_pages - 1
 
+    @property
+    def bucketed(self) -> bool:
+        """Forwards padded to buckets over static buffers (the triton attention backend)."""
+        return self.cfg.attention_backend == "triton"
+
     def _want_graphs(self) -> bool:
         cfg = self.cfg
         if not cfg.cuda_graphs or self.device.type != "cuda":
             return False
         if cfg.attention_backend != "triton" or cfg.moe_backend != "triton":
             logger.info("CUDA graphs need --attention-backend triton and --moe-backend triton; "
-                        "denoise forwards run eagerly")
+                        "forwards run eagerly")
             return False
         return True
 
-    def capture_graphs(self, ids: torch.Tensor | None = None, step: Step | None = None,
-                       width: int = 0) -> None:
-        """Capture the denoise graphs when the config asks for them (CUDA, triton backends):
-        over the static token ids `ids` (the worker's row storage), with the greedy `step`
-        (bucket, logits) -> readout (bucket, width) captured after the forward when given. On
-        any failure warn and run eagerly."""
-        if not self._want_graphs():
-            return
-        graphs = None
-        try:
-            from dllm_serve.model.cuda_graph import DenoiseGraphs
+    def _prefill_graphs(self) -> PrefillGraphs | None:
+        if not self.bucketed:
+            return None
+        from dllm_serve.model.prefill_graphs import PrefillGraphs
 
-            graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,
-                                   self.cfg.graph_max_blocks, self.cfg.model.vocab_size,
-                                   self.cfg.mask_id, self.scratch_slot, ids, step, width)
-            graphs.capture()
-            self.graphs = graphs
+        return PrefillGraphs(self.model, self.kv, self.attn, self.block_size,  # type: ignore[arg-type]
+                             prefill_budget(self.cfg.chunked_prefill_size, self.block_size),
+                             self.cfg.mask_id, self.scratch_slot)
+
+    def warm_up(self, ids: torch.Tensor | None = None, step: Step | None = None,
+                width: int = 0) -> None:
+        """Build the bucketed denoise forwards over the static token ids `ids` (the worker's
+        row storage, (rows, K)) with the greedy `step` (bucket, logits) -> readout (bucket,
+        width) after the forward when given; then, on CUDA, compile every bucket's kernels,
+        prefill and denoise: capture their CUDA graphs when the config asks for them (on a
+        capture failure warn and run them eagerly), and run each bucket without a graph once."""
+        if not self.bucketed:
             return
-        except Exception as e:  # a graph must never take the server down
-            logger.warning("CUDA graph capture failed, denoise forwards run eagerly "
-                           "(--disable-cuda-graph silences this): %s: %s", type(e).__name__, e)
-        del graphs
+        from dllm_serve.model.denoise_graphs import DenoiseGraphs
+
+        start = time.perf_counter()
+        rows = self.cfg.graph_max_blocks if ids is None else ids.shape[0]
+        self.graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,  # type: ignore[arg-type]
+                                    rows, self.cfg.model.vocab_size, self.cfg.mask_id,
+                                    self.scratch_slot, ids, step, width)
+        if self.device.type != "cuda":
+            return  # nothing to compile (the interpreter), no graphs
+        graphs = self._want_graphs() and self._capture()
+        for forwards in self._bucketed():
+            forwards.warm_up()
+        torch.cuda.synchronize()
+        self.warmup_s = time.perf_counter() - start
+        self._log_warm_up(graphs)
+
+    def _bucketed(self) -> list[BucketedForwards]:
+        return [f for f in (self.prefill_graphs, self.graphs) if f is not None]
+
+    def _capture(self) -> bool:
+        from dllm_serve.model.cuda_graph import GraphPool
+
+        assert self.prefill_graphs is not None and self.graphs is not None
         try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        except Exception:  # the device itself failed: the first eager forward will say so
-            logger.exception("CUDA error after the failed capture")
+            pool = GraphPool()
+            self.prefill_graphs.capture(pool, self.prefill_graphs.buckets[-1])
+            self.graphs.capture(pool, self.cfg.graph_max_blocks)
+            return True
+        except Exception as e:  # a graph must never take the server down
+            logger.warning("CUDA graph capture failed, forwards run eagerly (--disable-cuda-graph "
+                           "silences this): %s: %s", type(e).__name__, e)
+        for forwards in self._bucketed():
+            forwards.drop_graphs()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return False
+
+    def _log_warm_up(self, graphs: bool) -> None:
+        assert self.prefill_graphs is not None and self.graphs is not None
+        k, den = self.block_size, self.graphs
+        captured = [b for b in den.buckets if den.forwards[b].graph is not None]
+        how = (f"CUDA graphs for every prefill bucket and denoise buckets {captured}"
+               + (" (forward + step)" if den.step is not None else "")
+               if graphs else "no CUDA graphs: each bucket ran once")
+        logger.info("warm-up and capture took %.1f s: prefill buckets %s tokens, denoise "
+                    "buckets %s blocks; %s", self.warmup_s,
+                    [b * k for b in self.prefill_graphs.buckets], den.buckets, how)
 
     def _num_pages(self, cfg: RunnerConfig, context: int, bytes_per_token: int) -> int:
         if cfg.max_total_tokens is not None:
@@ -178,8 +232,12 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, slots: list[int], seg_starts: list[int],
                 token_ids: list[np.ndarray]) -> None:
-        """One eager forward caching whole prompt blocks: row i's tokens at positions
-        [seg_starts[i], seg_starts[i] + len(token_ids[i])) of the request in slots[i]."""
+        """One forward caching whole prompt blocks: row i's tokens at positions
+        [seg_starts[i], seg_starts[i] + len(token_ids[i])) of the request in slots[i]; padded
+        to its bucket (a graph replay when captured), else eager."""
+        if self.prefill_graphs is not None and self.prefill_graphs.run_prefill(
+                slots, seg_starts, token_ids):
+            return
         ids = to_device(np.concatenate(token_ids).astype(np.int64), self.device)
         lens = [len(t) for t in token_ids]
         self.model(self._batch(ids, slots, seg_starts, lens, logits=False))
@@ -188,8 +246,8 @@ class ModelRunner:
                         num_blocks: list[int], block_ids: torch.Tensor) -> DenoiseRun:
         """The repeatable denoise run over the active blocks: request b's num_blocks[b] blocks
         from first_starts[b] (pages mapped), tokens `block_ids` (N, K) on the device, read as
-        they are at each call (the algorithm edits them in place). CUDA graphs when one holds
-        the batch, else eager forwards."""
+        they are at each call (the algorithm edits them in place). Bucketed (CUDA graphs when
+        captured) when a bucket holds the batch, else eager forwards."""
         if self.graphs is not None:
             run = self.graphs.prepare(slots, first_starts, num_blocks, block_ids)
             if run is not None:
@@ -198,7 +256,7 @@ class ModelRunner:
 
     def eager_forward(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                       block_ids: torch.Tensor) -> Forward:
-        """`denoise_forward` without CUDA graphs (the reference of the graphs)."""
+        """The denoise forward unpadded and eager (the reference of the bucketed path)."""
         return partial(self._logits, self.denoise_batch(slots, first_starts, num_blocks,
                                                         block_ids))
 

@@ -1,0 +1,126 @@
+"""Denoise forwards at a bucket of active blocks: padded, warmed up or captured at startup.
+
+`DenoiseGraphs` adds to the bucketed forwards (cuda_graph.py) the static input ids (the
+worker's row storage: the batch's blocks live in rows [0, N)), the static output (fp32 logits,
+one buffer shared by every bucket) and, when the worker gives one, its greedy step: each
+bucket then has two graphs, the forward, and the forward followed by the step (its readout
+(bucket, width) in a static buffer). `prepare` picks the bucket of a batch, fills the metadata
+(one host-to-device copy) and returns the run; each call copies the batch's current block ids
+into the static ids when they are not already there and replays the bucket's graph (or runs
+the same work eagerly: buckets past --cuda-graph-max-bs, graphs off). FDFO re-loops and
+wavefront layout changes simply call again: the same bucket replays the same graph.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from dllm_serve.kernels.runtime import cdiv
+from dllm_serve.kernels.triton_attention import TritonAttention
+from dllm_serve.mem.kv_cache import KVCache
+from dllm_serve.model.buckets import denoise_buckets, pick_bucket
+from dllm_serve.model.cuda_graph import BucketedForwards, GraphPool, StaticForward
+from dllm_serve.model.denoise_run import DenoiseRun
+from dllm_serve.model.graph_layout import MetaLayout
+
+logger = logging.getLogger(__name__)
+
+Step = Callable[[int, torch.Tensor], torch.Tensor]  # (bucket, logits) -> readout (bucket, W)
+
+
+class DenoiseGraphs(BucketedForwards):
+    def __init__(self, model: nn.Module, kv: KVCache, attn: TritonAttention, block_size: int,
+                 max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int,
+                 ids: torch.Tensor | None = None, step: Step | None = None,
+                 width: int = 0) -> None:
+        """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
+        storage); default: a buffer of the graphs' own. step: the greedy step to run after the
+        forward, (bucket, logits) -> readout (bucket, width)."""
+        dev = kv.req_to_page.device
+        if ids is None:
+            ids = torch.full((max_blocks, block_size), pad_id, dtype=torch.int64, device=dev)
+        assert ids.shape[0] >= max_blocks and ids.is_contiguous()
+        layout = MetaLayout(max_blocks, block_size, cdiv(block_size, attn.tokens_per_tile))
+        super().__init__(model, kv, attn, layout, denoise_buckets(max_blocks), scratch_slot,
+                         pad_id, ids)
+        self.logits = torch.zeros(layout.max_tokens, vocab_size, dtype=torch.float32,
+                                  device=dev)
+        self.step = step
+        self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
+
+    # ---- per forward ---------------------------------------------------------------------
+
+    def prepare(self, req_slots: list[int], first_starts: list[int], num_blocks: list[int],
+                block_ids: torch.Tensor) -> DenoiseRun | None:
+        """The run over the active blocks `block_ids` (N, K) (their pages mapped), or None
+        when no bucket holds N blocks. forward() returns logits (N * K, V) fp32 and step() the
+        readout (N, width), each valid until the next call."""
+        n = block_ids.shape[0]
+        bucket = pick_bucket(n, self.buckets)
+        if bucket is None:
+            return None
+        static = self.forwards[bucket]
+        self.fill(bucket, req_slots, first_starts, num_blocks)
+        t = n * self.layout.block_size
+        self.ids[t:static.tokens].fill_(self.pad_id)
+        resident = block_ids.data_ptr() == self.ids.data_ptr()
+
+        def forward() -> torch.Tensor:
+            if not resident:
+                self.ids[:t].copy_(block_ids.view(-1))
+            self.run(static)
+            return self.logits[:t]
+
+        def step() -> torch.Tensor:
+            if static.step_graph is not None:
+                static.step_graph.replay()
+            else:
+                self.forward_step(static)
+            return self.readout[:n]
+
+        return DenoiseRun(forward, step if self.step is not None and resident else None)
+
+    def logits_of(self, static: StaticForward) -> torch.Tensor:
+        """The bucket's forward -> its logits (T_pad, V) fp32, in the static buffer."""
+        hidden = self.hidden(static)  # (T_pad, hidden)
+        return self.model.compute_logits(hidden, out=self.logits[:static.tokens])
+
+    def work(self, static: StaticForward) -> Callable[[], object]:
+        return lambda: self.logits_of(static)
+
+    def forward_step(self, static: StaticForward) -> None:
+        """The forward, then the greedy step over storage rows [0, bucket)."""
+        assert self.step is not None
+        logits = self.logits_of(static)
+        self.readout[:static.blocks].copy_(self.step(static.blocks, logits))
+
+    # ---- startup ---------------------------------------------------------------------------
+
+    def capture(self, graphs: GraphPool, max_blocks: int) -> None:
+        """The forward graphs, then (with a step) the forward + step graphs; if the step cannot
+        be captured, warn and keep only the forward graphs (the step then runs eagerly after
+        them)."""
+        super().capture(graphs, max_blocks)
+        if self.step is None:
+            return
+        try:
+            for bucket in sorted((b for b in self.buckets if b <= max_blocks), reverse=True):
+                static = self.forwards[bucket]
+                self.fill_padding(bucket)
+                static.step_graph = graphs.capture(lambda s=static: self.forward_step(s))
+        except Exception as e:
+            logger.warning("the decoding step could not be captured in a CUDA graph (%s: %s); "
+                           "it runs eagerly after the forward graphs", type(e).__name__, e)
+            torch.cuda.synchronize()
+            self.step = None
+            for static in self.forwards.values():
+                static.step_graph = None
+
+    def warm_work(self, static: StaticForward) -> Callable[[], object]:
+        if self.step is None:
+            return self.work(static)
+        return lambda: self.forward_step(static)

@@ -1,0 +1,49 @@
+"""Issue 15: nothing compiles after "ready". With default flags on CUDA (auto backends: the
+Triton kernels and CUDA graphs), the worker's warm-up compiles every prefill and denoise bucket
+before it reports ready; then five fresh prompt sets (prompt lengths never seen before, spread
+over many prefill buckets, batch sizes changing as requests finish) are served, and the worker's
+trace (dllm_serve/managers/round_trace.py, read by benchmarks/trace_summary.py) shows no device
+item slower than 3x the median round: a Triton compile would show up as an item of seconds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.trace_summary import read_trace, stalls
+from dllm_serve import Engine
+from dllm_serve.managers.round_trace import TRACE_ENV
+
+SETS, PROMPTS, NEW_TOKENS = 5, 12, 64
+
+
+@pytest.mark.gpu
+def test_no_worker_item_slower_than_3x_the_median_round(tiny_model_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    rng = np.random.default_rng(15)
+    lengths = rng.permutation(np.arange(1, 2000))[:SETS * PROMPTS].reshape(SETS, PROMPTS)
+    with Engine(model_path=str(tiny_model_dir), log_level="info",
+                max_running_requests=8) as engine:
+        startup = engine.get_server_info()["startup"]
+        assert startup["cuda_graphs"], "the default flags on CUDA capture graphs"
+        ready = time.monotonic()
+        for lens in lengths.tolist():
+            prompts = [rng.integers(3, 300, n).tolist() for n in lens]
+            outs = engine.generate(input_ids=prompts, sampling_params={
+                "max_new_tokens": NEW_TOKENS, "ignore_eos": True})
+            assert all(o["meta_info"]["completion_tokens"] == NEW_TOKENS for o in outs)
+        time.sleep(0.5)  # the worker writes its last trace records once idle
+    records = read_trace(str(trace), ready, float("inf"), kinds=("prefill", "denoise"))
+    assert sum(r["kind"] == "prefill" for r in records) >= SETS
+    found = stalls(records, factor=3.0)
+    print(f"startup {startup['worker_s']:.1f} s (warm-up {startup['warmup_s']:.1f} s); "
+          f"median round {found['median_round_ms']:.3f} ms, worst {found['worst_item_kind']} "
+          f"{found['worst_item_ms']:.3f} ms ({found['worst_item_ratio']:.2f}x)")
+    slow = [(r["kind"], r["rows"], round(r["gpu_ms"], 3)) for r in found["slow"]]
+    assert not slow, f"items slower than 3x the median round ({found['median_round_ms']:.3f} " \
+                     f"ms): {slow[:10]}"
