@@ -88,5 +88,6 @@ class EngineConfig:
             max_running_requests=a.max_running_requests,
             max_queued_requests=a.max_queued_requests,
             chunked_prefill_size=a.chunked_prefill_size, num_pages=0, page_size=0,
-            random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size)
+            random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size,
+            radix_cache=not a.disable_radix_cache)
         return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level)

@@ -85,6 +85,12 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def get_server_info() -> dict[str, Any]:
         return await asyncio.to_thread(ctx.server_info)
 
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        """Empty the radix prefix cache (SGLang's route): 200, or 400 while requests run."""
+        result = await asyncio.to_thread(ctx.flush_cache)
+        return PlainTextResponse(result.message + "\n", 200 if result.success else 400)
+
     @app.get("/get_model_info")
     async def get_model_info() -> dict[str, Any]:
         return {"model_path": ctx.args.model_path, "served_model_name": ctx.model_name,

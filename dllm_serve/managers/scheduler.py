@@ -8,6 +8,13 @@ the scheduler's; running the blocks is the worker's (see messages.py for who own
 when). The worker opens a request's next block itself while the request's pages cover it, so
 the scheduler keeps each running request's pages mapped LOOKAHEAD_BLOCKS ahead of the last
 block it knows of.
+
+Prefix cache: a new request takes the longest prefix of its prompt that the radix cache holds
+(whole pages, mapped into its page table and shared), and only the rest is prefilled. A
+request's whole pages enter the cache once their KV is final: prompt pages when their prefill
+forward is queued, output pages when their last block is committed. Both are safe to share at
+once, because every later forward of any request runs after those forwards (one stream, one
+ordered channel to the worker).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from dllm_serve.managers.messages import (
     AbortReq,
     AddPages,
     Admit,
+    FlushCacheReq,
+    FlushCacheResp,
     GenerateReq,
     InfoReq,
     InfoResp,
@@ -41,6 +50,7 @@ from dllm_serve.managers.messages import (
 )
 from dllm_serve.managers.req import Req
 from dllm_serve.mem.allocator import KVAllocator
+from dllm_serve.mem.radix_cache import Match
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +69,7 @@ class SchedulerConfig:
     page_size: int
     random_seed: int = 0
     wavefront_size: int = 1
+    radix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.page_size % self.block_size:
@@ -76,7 +87,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, finish: FinishChecker) -> None:
         self.config = config
         self.finish = finish
-        self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_running_requests)
+        self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_running_requests,
+                                 config.radix_cache)
         self.waiting: deque[Req] = deque()
         self.running: dict[int, Req] = {}  # by uid, admission order
         self.held: dict[int, Req] = {}  # preempted: off the device, keeping slot and pages
@@ -86,6 +98,7 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
                       "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
+        self.prompt_tokens = {"hit_tokens": 0, "miss_tokens": 0}  # cached / computed at admission
 
     # ---- the loop's interface -----------------------------------------------------------
 
@@ -97,6 +110,8 @@ class Scheduler:
             self.abort(msg)
         elif isinstance(msg, InfoReq):
             self.outbox.append(InfoResp(msg.req_id, self.server_info()))
+        elif isinstance(msg, FlushCacheReq):
+            self.outbox.append(self.flush_cache(msg.req_id))
         else:
             raise TypeError(f"scheduler got an unexpected message {type(msg).__name__}")
 
@@ -173,6 +188,16 @@ class Scheduler:
         self._send_blocks(req)
         return True
 
+    def flush_cache(self, req_id: int = 0) -> FlushCacheResp:
+        """Empty the prefix cache; refused while any request runs or waits (as SGLang)."""
+        if not self.idle:
+            return FlushCacheResp(req_id, False, f"Cannot flush the cache while requests are "
+                                  f"running or waiting ({len(self.running)} running, "
+                                  f"{len(self.waiting)} waiting); retry when the server is idle.")
+        freed = self.alloc.flush()
+        logger.info("flushed the prefix cache (%d pages)", freed)
+        return FlushCacheResp(req_id, True, f"Cache flushed ({freed} KV pages freed).", freed)
+
     def _reject(self, req: Req, status: int, message: str) -> None:
         self._finish(req, {"type": "abort", "message": message, "status_code": status})
 
@@ -182,22 +207,31 @@ class Scheduler:
         new = []
         while self.waiting and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
-            if not self.alloc.can_admit(req.max_end):
+            match = self.alloc.match(req.input_ids)
+            if not self.alloc.can_admit(req.max_end, match):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             self.waiting.popleft()
-            req.holding = self.alloc.admit(req.max_end)
-            req.uid = next(self.uids)
-            self.running[req.uid] = req
-            self._map(req, req.prefill_end + self.config.mapped_blocks * self.config.block_size)
+            self._start(req, match)
             new.append(req)
         if not new:
             return
         self._prefill([r for r in new if r.needs_prefill])
         for req in new:
+            self._cache(req)
             if req.params.max_new_tokens == 0:  # prefill only (SGLang): nothing to generate
                 self._finish(req, {"type": "length", "length": 0})
             else:
                 self._send_blocks(req)
+
+    def _start(self, req: Req, match: Match | None) -> None:
+        """Admit: a slot, the cached prefix (committed at once), reserved pages, mapping."""
+        req.holding = self.alloc.admit(req.max_end, match)
+        req.committed_len = self.alloc.cached_end(req.holding)
+        self.prompt_tokens["hit_tokens"] += req.committed_len
+        self.prompt_tokens["miss_tokens"] += req.prompt_len - req.committed_len
+        req.uid = next(self.uids)
+        self.running[req.uid] = req
+        self._map(req, req.prefill_end + self.config.mapped_blocks * self.config.block_size)
 
     def _prefill(self, reqs: list[Req]) -> None:
         """Prefill forwards of at most chunked_prefill_size tokens (whole blocks) each."""
@@ -254,13 +288,27 @@ class Scheduler:
             self._map(req, req.committed_len + self.config.mapped_blocks * k)
 
     def _map(self, req: Req, end: int) -> None:
-        """Map the request's pages up to min(end, max_end) on the worker (new pages only)."""
-        assert req.holding is not None
-        first = len(req.holding.pages)
-        if self.alloc.ensure(req.holding, min(end, req.max_end)):
-            pages = np.asarray(req.holding.pages[first:], dtype=np.int64)
-            assert req.holding.slot is not None
-            self.to_worker.append(AddPages(req.holding.slot, first, pages))
+        """Map the request's pages up to min(end, max_end) on the worker (pages it has not
+        mapped yet: at admission the cached prefix too)."""
+        h = req.holding
+        assert h is not None and h.slot is not None
+        self.alloc.ensure(h, min(end, req.max_end))
+        first = req.mapped_pages
+        if len(h.pages) > first:
+            self.to_worker.append(AddPages(h.slot, first, np.asarray(h.pages[first:],
+                                                                     dtype=np.int64)))
+            req.mapped_pages = len(h.pages)
+
+    def _cache(self, req: Req) -> None:
+        """Offer the request's newly final whole pages to the prefix cache: committed tokens
+        known exactly (a finished request's output may stop inside its last block)."""
+        h = req.holding
+        if self.alloc.tree is None or h is None:
+            return
+        start = self.alloc.cached_end(h)
+        end = min(req.committed_len, req.prompt_len + len(req.output_ids))
+        if end - start >= self.config.page_size:
+            self.alloc.cache(h, req.tokens(start, end))
 
     # ---- results ----------------------------------------------------------------------------
 
@@ -307,6 +355,7 @@ class Scheduler:
         req.committed_len = req.block_end
         req.blocks += 1
         self.stats["committed_blocks"] += 1
+        self._cache(req)
         if req.finished:
             self._release(req)
         self.outbox.append(self._output(req, new))
@@ -335,7 +384,8 @@ class Scheduler:
     # ---- introspection --------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """free + used == total for pages and slots; nothing owned twice; raises if not."""
+        """Pages: reference counts equal their holders (requests, cache), free + evictable
+        + in use == total, cache locks equal the requests' paths; slots owned once. Raises."""
         self.alloc.check([r.holding for r in self.running.values() if r.holding is not None])
 
     def server_info(self) -> dict[str, Any]:
@@ -345,6 +395,8 @@ class Scheduler:
                         "reserved_pages": s["reserved_pages"],
                         "page_size": self.config.page_size},
             "req_pool": {"total_slots": s["total_slots"], "free_slots": s["free_slots"]},
+            "radix_cache": {"cached_pages": s["cached_pages"],
+                            "evictable_pages": s["evictable_pages"], **self.prompt_tokens},
             "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
             "block_size": self.config.block_size, "dllm_fdfo": self.config.fdfo,
             "stats": dict(self.stats),

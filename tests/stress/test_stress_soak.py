@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from http_helpers import Server, pools_whole, start_server
+from http_helpers import Server, held_pages, pools_whole, start_server
 from stress_helpers import (
     SEED,
     assert_clean_log,
@@ -334,7 +334,7 @@ def report_soak(outcomes: list[Outcome], elapsed: float, info: dict[str, Any],
            f"{kinds['leave_waiting']} before a non-stream answer), invalid (400) "
            f"{kinds['invalid']}; engine requests {sum(o.choices for o in outcomes)}, by finish "
            f"reason in /metrics {by_reason}; pages leaked "
-           f"{info['kv_pool']['total_pages'] - info['kv_pool']['free_pages']}, slots leaked "
+           f"{held_pages(info)}, slots leaked "
            f"{info['req_pool']['total_slots'] - info['req_pool']['free_slots']}")
 
 
