@@ -13,7 +13,7 @@ from dllm_serve.default_model import resolve_model_path
 from dllm_serve.dllm.config import DllmConfig, arch_defaults
 from dllm_serve.dllm.modes import RoundMode
 from dllm_serve.dllm.wavefront import WavefrontConfig
-from dllm_serve.managers.scheduler import SchedulerConfig
+from dllm_serve.managers.scheduler_config import SchedulerConfig
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.runner import RunnerConfig
 from dllm_serve.server_args import ServerArgs

@@ -21,7 +21,8 @@ from dllm_serve.dllm.wavefront import WavefrontConfig
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import GenerateReq, ReqOutput, WorkerReport, WorkItem
-from dllm_serve.managers.scheduler import Scheduler, SchedulerConfig
+from dllm_serve.managers.scheduler import Scheduler
+from dllm_serve.managers.scheduler_config import SchedulerConfig
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.runner import ModelRunner

@@ -10,11 +10,8 @@ the scheduler keeps each running request's pages mapped LOOKAHEAD_BLOCKS ahead o
 block it knows of.
 
 Prefix cache: a new request takes the longest prefix of its prompt that the radix cache holds
-(whole pages, mapped into its page table and shared), and only the rest is prefilled. A
-request's whole pages enter the cache once their KV is final: prompt pages when their prefill
-forward is queued, output pages when their last block is committed. Both are safe to share at
-once, because every later forward of any request runs after those forwards (one stream, one
-ordered channel to the worker).
+(whole pages, shared), and only the rest is prefilled; its pages enter the cache as they
+become final (managers/req_pages.py).
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import itertools
 import logging
 import random
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +27,6 @@ import numpy as np
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import (
     AbortReq,
-    AddPages,
     Admit,
     FlushCacheReq,
     FlushCacheResp,
@@ -49,38 +44,11 @@ from dllm_serve.managers.messages import (
     WorkItem,
 )
 from dllm_serve.managers.req import Req
+from dllm_serve.managers.req_pages import ReqPages
+from dllm_serve.managers.scheduler_config import SchedulerConfig
 from dllm_serve.mem.allocator import KVAllocator
-from dllm_serve.mem.radix_cache import Match
 
 logger = logging.getLogger(__name__)
-
-LOOKAHEAD_BLOCKS = 4  # blocks mapped past the window the worker may open (topped up at half)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    block_size: int
-    mask_id: int
-    fdfo: bool
-    max_running_requests: int
-    max_queued_requests: int | None
-    chunked_prefill_size: int
-    num_pages: int
-    page_size: int
-    random_seed: int = 0
-    wavefront_size: int = 1
-    radix_cache: bool = True
-
-    def __post_init__(self) -> None:
-        if self.page_size % self.block_size:
-            raise ValueError(f"--page-size ({self.page_size}) must be a multiple of the "
-                             f"model's block size ({self.block_size})")
-
-    @property
-    def mapped_blocks(self) -> int:
-        """Blocks past a request's committed end whose pages stay mapped: the W-block window,
-        one spawned in the forward where the leftmost retires, and the lookahead."""
-        return self.wavefront_size + 1 + LOOKAHEAD_BLOCKS
 
 
 class Scheduler:
@@ -94,11 +62,11 @@ class Scheduler:
         self.held: dict[int, Req] = {}  # preempted: off the device, keeping slot and pages
         self.outbox: list[Any] = []
         self.to_worker: list[WorkItem] = []
+        self.pages = ReqPages(self.alloc, config, self.to_worker)
         self.uids = itertools.count(1)
         self.rng = random.Random(config.random_seed)
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
                       "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
-        self.prompt_tokens = {"hit_tokens": 0, "miss_tokens": 0}  # cached / computed at admission
 
     # ---- the loop's interface -----------------------------------------------------------
 
@@ -136,7 +104,8 @@ class Scheduler:
         return out
 
     def take_worker_items(self) -> list[WorkItem]:
-        out, self.to_worker = self.to_worker, []
+        out = list(self.to_worker)
+        self.to_worker.clear()  # shared with self.pages
         return out
 
     @property
@@ -211,27 +180,19 @@ class Scheduler:
             if not self.alloc.can_admit(req.max_end, match):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             self.waiting.popleft()
-            self._start(req, match)
+            req.uid = next(self.uids)
+            self.running[req.uid] = req
+            self.pages.start(req, match)
             new.append(req)
         if not new:
             return
         self._prefill([r for r in new if r.needs_prefill])
         for req in new:
-            self._cache(req)
+            self.pages.cache(req)
             if req.params.max_new_tokens == 0:  # prefill only (SGLang): nothing to generate
                 self._finish(req, {"type": "length", "length": 0})
             else:
                 self._send_blocks(req)
-
-    def _start(self, req: Req, match: Match | None) -> None:
-        """Admit: a slot, the cached prefix (committed at once), reserved pages, mapping."""
-        req.holding = self.alloc.admit(req.max_end, match)
-        req.committed_len = self.alloc.cached_end(req.holding)
-        self.prompt_tokens["hit_tokens"] += req.committed_len
-        self.prompt_tokens["miss_tokens"] += req.prompt_len - req.committed_len
-        req.uid = next(self.uids)
-        self.running[req.uid] = req
-        self._map(req, req.prefill_end + self.config.mapped_blocks * self.config.block_size)
 
     def _prefill(self, reqs: list[Req]) -> None:
         """Prefill forwards of at most chunked_prefill_size tokens (whole blocks) each."""
@@ -278,38 +239,6 @@ class Scheduler:
         return ReqSettings(req.prompt_len, req.max_end, p.temperature, p.top_p, req.seed,
                            dict(p.dllm), np.array(sorted(stop), dtype=np.int64))
 
-    def _top_up(self, req: Req) -> None:
-        """Map pages ahead again once fewer than half the lookahead blocks are left (so a page
-        message goes out every few blocks, not after each)."""
-        assert req.holding is not None
-        k = self.config.block_size
-        ahead = len(req.holding.pages) * self.config.page_size - req.committed_len
-        if ahead < (self.config.mapped_blocks - LOOKAHEAD_BLOCKS // 2) * k:
-            self._map(req, req.committed_len + self.config.mapped_blocks * k)
-
-    def _map(self, req: Req, end: int) -> None:
-        """Map the request's pages up to min(end, max_end) on the worker (pages it has not
-        mapped yet: at admission the cached prefix too)."""
-        h = req.holding
-        assert h is not None and h.slot is not None
-        self.alloc.ensure(h, min(end, req.max_end))
-        first = req.mapped_pages
-        if len(h.pages) > first:
-            self.to_worker.append(AddPages(h.slot, first, np.asarray(h.pages[first:],
-                                                                     dtype=np.int64)))
-            req.mapped_pages = len(h.pages)
-
-    def _cache(self, req: Req) -> None:
-        """Offer the request's newly final whole pages to the prefix cache: committed tokens
-        known exactly (a finished request's output may stop inside its last block)."""
-        h = req.holding
-        if self.alloc.tree is None or h is None:
-            return
-        start = self.alloc.cached_end(h)
-        end = min(req.committed_len, req.prompt_len + len(req.output_ids))
-        if end - start >= self.config.page_size:
-            self.alloc.cache(h, req.tokens(start, end))
-
     # ---- results ----------------------------------------------------------------------------
 
     def _retired(self, r: Retired) -> None:
@@ -326,7 +255,7 @@ class Scheduler:
             req.forward_steps = req.prefill_forwards + req.denoise_steps
             self._commit(req, r.ids[i])
             if not req.finished:
-                self._top_up(req)
+                self.pages.top_up(req)
 
     def _preempted(self, pre: Preempted) -> None:
         req = self.running.get(pre.uid)
@@ -355,7 +284,7 @@ class Scheduler:
         req.committed_len = req.block_end
         req.blocks += 1
         self.stats["committed_blocks"] += 1
-        self._cache(req)
+        self.pages.cache(req)
         if req.finished:
             self._release(req)
         self.outbox.append(self._output(req, new))
@@ -396,7 +325,8 @@ class Scheduler:
                         "page_size": self.config.page_size},
             "req_pool": {"total_slots": s["total_slots"], "free_slots": s["free_slots"]},
             "radix_cache": {"cached_pages": s["cached_pages"],
-                            "evictable_pages": s["evictable_pages"], **self.prompt_tokens},
+                            "evictable_pages": s["evictable_pages"],
+                            **self.pages.prompt_tokens},
             "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
             "block_size": self.config.block_size, "dllm_fdfo": self.config.fdfo,
             "stats": dict(self.stats),
