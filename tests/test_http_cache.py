@@ -60,7 +60,9 @@ def test_flush_cache_is_refused_while_a_request_runs(server: Server) -> None:
     refused = server.post("/flush_cache")
     server.post("/abort_request", {"rid": "flush-blocker"})
     done.join()
-    assert refused.status_code == 400 and "running or waiting" in refused.text
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error" and "running or waiting" in error["message"]
     info = pools_whole(server)
     assert info["radix_cache"]["cached_pages"] > 0
     flushed = server.get("/flush_cache")

@@ -87,9 +87,12 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        """Empty the radix prefix cache (SGLang's route): 200, or 400 while requests run."""
+        """Empty the radix prefix cache (SGLang's route): 200 and a line of text, or a 400
+        error while requests are running or waiting (nothing is flushed)."""
         result = await asyncio.to_thread(ctx.flush_cache)
-        return PlainTextResponse(result.message + "\n", 200 if result.success else 400)
+        if not result.success:
+            raise APIError(400, result.message)
+        return PlainTextResponse(result.message + "\n")
 
     @app.get("/get_model_info")
     async def get_model_info() -> dict[str, Any]:

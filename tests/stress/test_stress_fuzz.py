@@ -42,9 +42,10 @@ PAYLOAD_LIMIT = 256 * 1024
 CLIENT_TIMEOUT = httpx.Timeout(REQUEST_TIMEOUT_S + 15, connect=10)
 EXAMPLES = {"structured": scale(300, 20_000), "raw": scale(150, 10_000),
             "paths": scale(100, 5000)}
-POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate", "/abort_request")
+POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate", "/abort_request",
+               "/flush_cache")
 GET_ROUTES = ("/v1/models", "/v1/models/{model_id}", "/health", "/health_generate",
-              "/get_server_info", "/get_model_info", "/metrics")
+              "/get_server_info", "/get_model_info", "/flush_cache", "/metrics")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD")
 CASES: Counter[str] = Counter()  # requests sent, by test
 ROUTES: Counter[str] = Counter()  # requests sent, by route
@@ -130,6 +131,7 @@ FIELDS: dict[str, tuple[Fields, Fields]] = {
     "/generate": ({}, {"sampling_params": st.one_of(native_params, st.lists(
         native_params, min_size=1, max_size=1)), "stream": st.booleans(), "rid": words}),
     "/abort_request": ({"rid": words}, {"abort_all": st.just(False)}),  # all: dull
+    "/flush_cache": ({}, {}),  # takes no body: whatever comes is ignored
 }
 native_prompts = st.one_of(st.fixed_dictionaries({"text": st.one_of(words, st.lists(
     words, min_size=1, max_size=1))}), st.fixed_dictionaries({"input_ids": st.one_of(
@@ -231,7 +233,7 @@ def check_answer(r: httpx.Response, method: str) -> None:
     elif kind.startswith("application/json"):
         r.json()
     else:
-        assert kind.startswith("text/plain"), kind  # /metrics
+        assert kind.startswith("text/plain"), kind  # /metrics, /flush_cache
 
 
 @fuzz("structured")
