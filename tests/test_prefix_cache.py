@@ -48,6 +48,19 @@ def test_a_cached_prompt_is_not_prefilled_again() -> None:
     e.assert_whole()
 
 
+def test_requests_admitted_together_share_pages_of_sent_prefill_forwards() -> None:
+    """Two requests with the same prompt arrive together; prefill forwards hold 2 blocks: the
+    second shares what the first forward (already sent) wrote, and prefills only the rest."""
+    e = scripted_engine(mrr=2, prefill=2 * K)
+    for rid in "ab":
+        e.submit(rid, prompt(12), max_new_tokens=4, ignore_eos=True)
+    outs = e.run()
+    assert prefills(e) == [([0], [0]), ([0, 1], [8, 8])]  # a: [0,8), then a and b: [8,12)
+    assert e.sched.server_info()["radix_cache"]["hit_tokens"] == 8
+    assert e.tokens("a") == e.tokens("b") and outs["b"][-1].completion_tokens == 4
+    e.assert_whole()
+
+
 def test_output_pages_serve_the_next_turn() -> None:
     e = scripted_engine(mrr=1)
     e.submit("a", prompt(2), max_new_tokens=16, ignore_eos=True)  # positions 0..17 final

@@ -43,9 +43,10 @@ def test_cache_on_and_off_give_the_same_tokens(tiny_model_dir: Path, algorithm: 
     got, want = run_turns(on), run_turns(off)
     assert got == want
     cache = on.sched.server_info()["radix_cache"]
-    # turn one runs together (nothing cached yet); turn two: chat takes a's prompt blocks and
-    # first output block (96), d the shared prefix's 2 blocks, e all 3 blocks of b's prompt
-    assert cache["hit_tokens"] == 96 + 64 + 96, cache
+    # turn one (prefill forwards of one block): b and c share the block of a's that was sent
+    # before they were admitted (32 each); turn two: chat takes a's prompt blocks and first
+    # output block (96), d the shared prefix's 2 blocks, e all 3 blocks of b's prompt
+    assert cache["hit_tokens"] == 32 + 32 + 96 + 64 + 96, cache
     assert off.sched.server_info()["radix_cache"]["hit_tokens"] == 0
     on.assert_whole()
     off.assert_whole()

@@ -11,7 +11,8 @@ block it knows of.
 
 Prefix cache: a new request takes the longest prefix of its prompt that the radix cache holds
 (whole pages, shared), and only the rest is prefilled; its pages enter the cache as they
-become final (managers/req_pages.py).
+become final (managers/req_pages.py): prompt pages as soon as the prefill forward that writes
+them is sent, so requests admitted later in the same round share them too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from dllm_serve.managers.messages import (
     InfoResp,
     Preempt,
     Preempted,
-    Prefill,
     Release,
     ReqOutput,
     ReqSettings,
@@ -43,6 +43,7 @@ from dllm_serve.managers.messages import (
     WorkerReport,
     WorkItem,
 )
+from dllm_serve.managers.prefill_plan import PrefillPlanner
 from dllm_serve.managers.req import Req
 from dllm_serve.managers.req_pages import ReqPages
 from dllm_serve.managers.scheduler_config import SchedulerConfig
@@ -67,6 +68,7 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
                       "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
+        self.prefill = PrefillPlanner(config, self.to_worker, self.pages, self.stats)
 
     # ---- the loop's interface -----------------------------------------------------------
 
@@ -183,44 +185,14 @@ class Scheduler:
             req.uid = next(self.uids)
             self.running[req.uid] = req
             self.pages.start(req, match)
+            self.prefill.add(req)
             new.append(req)
-        if not new:
-            return
-        self._prefill([r for r in new if r.needs_prefill])
+        self.prefill.send()
         for req in new:
-            self.pages.cache(req)
             if req.params.max_new_tokens == 0:  # prefill only (SGLang): nothing to generate
                 self._finish(req, {"type": "length", "length": 0})
             else:
                 self._send_blocks(req)
-
-    def _prefill(self, reqs: list[Req]) -> None:
-        """Prefill forwards of at most chunked_prefill_size tokens (whole blocks) each."""
-        k = self.config.block_size
-        budget = max(k, self.config.chunked_prefill_size // k * k)
-        work, left = Prefill([], [], []), budget
-        for req in reqs:
-            while req.needs_prefill:
-                if left == 0:
-                    self._send_prefill(work)
-                    work, left = Prefill([], [], []), budget
-                end = min(req.prefill_end, req.committed_len + left)
-                assert req.holding is not None and req.holding.slot is not None
-                work.slots.append(req.holding.slot)
-                work.seg_starts.append(req.committed_len)
-                work.token_ids.append(req.input_ids[req.committed_len:end].astype(np.int64))
-                left -= end - req.committed_len
-                req.committed_len = end
-                req.forward_steps += 1
-                req.prefill_forwards += 1
-        if work.slots:
-            self._send_prefill(work)
-
-    def _send_prefill(self, work: Prefill) -> None:
-        self.to_worker.append(work)
-        self.stats["prefill_rounds"] += 1
-        self.stats["rounds"] += 1
-        self.stats["forwards"] += 1
 
     def _send_blocks(self, req: Req) -> None:
         """Admit the request's unfinished blocks (or its first block) to the device."""
