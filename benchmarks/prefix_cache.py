@@ -101,7 +101,7 @@ def run_gsm8k(ns: argparse.Namespace, disabled: bool) -> dict[str, Any]:
         wall = now() - t0
         after = e.get_server_info()
     return {**score(rows, answers, wall), **remote.prompt_cache_stats(before, after),
-            "radix_cache_after": after["radix_cache"]}
+            "radix_cache_after": after["radix_cache"], "texts": [a.text for a in answers]}
 
 
 # ---- chat ---------------------------------------------------------------------------------------
@@ -125,7 +125,8 @@ def run_chat(ns: argparse.Namespace, disabled: bool) -> dict[str, Any]:
                 chat.append({"role": "assistant", "content": reply})
     wall = now() - t_all
     output = sum(t["output_tokens"] for t in turns)
-    return {"turns": turns, "latency_s": wall, "output_tokens": output,
+    texts = [ids for t in turns for ids in t.pop("ids")]
+    return {"turns": turns, "latency_s": wall, "output_tokens": output, "texts": texts,
             "output_throughput": output / wall,
             **_sum_cache(turns, ("prompt_tokens_cached", "prompt_tokens_computed"))}
 
@@ -140,7 +141,7 @@ def chat_turn(e: Any, prompts: list[str], params: dict[str, Any]) -> dict[str, A
     return {"prompt_tokens": sum(o["meta_info"]["prompt_tokens"] for o in outs),
             "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
             "latency_s": wall, **remote.prompt_cache_stats(before, after),
-            "replies": [o["text"] for o in outs]}
+            "replies": [o["text"] for o in outs], "ids": [o["output_ids"] for o in outs]}
 
 
 def _sum_cache(turns: list[dict[str, Any]], keys: tuple[str, str]) -> dict[str, Any]:
@@ -153,11 +154,15 @@ def _sum_cache(turns: list[dict[str, Any]], keys: tuple[str, str]) -> dict[str, 
 
 
 def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """cache on / off: output throughput ratio, wall time ratio, prompt tokens computed."""
+    """cache on / off: output throughput ratio, wall time ratio, prompt tokens computed, and
+    how many outputs are identical (temperature 0: all should be). Drops the outputs."""
+    texts = {name: arm.pop("texts") for name, arm in arms.items()}
     if set(arms) != set(ARMS):
         return {}
     on, off = arms["cache_on"], arms["cache_off"]
-    return {"throughput_ratio": on["output_throughput"] / off["output_throughput"],
+    same = sum(a == b for a, b in zip(texts["cache_on"], texts["cache_off"], strict=True))
+    return {"identical_outputs": same, "outputs": len(texts["cache_on"]),
+            "throughput_ratio": on["output_throughput"] / off["output_throughput"],
             "latency_ratio": on["latency_s"] / off["latency_s"],
             "prompt_recomputed_share_on": on["prompt_recomputed_share"],
             "prompt_tokens_computed_on_vs_off": (on["prompt_tokens_computed"]
@@ -177,7 +182,8 @@ def print_table(workload: str, arms: dict[str, dict[str, Any]], cmp: dict[str, A
                   f"{t['prompt_tokens_cached']:>8} {t['prompt_tokens_computed']:>8}")
     if cmp:
         print(f"cache on / off: throughput x{cmp['throughput_ratio']:.2f}, prompt tokens "
-              f"recomputed {100 * cmp['prompt_recomputed_share_on']:.1f}% with the cache")
+              f"recomputed {100 * cmp['prompt_recomputed_share_on']:.1f}% with the cache, "
+              f"identical outputs {cmp['identical_outputs']} of {cmp['outputs']}")
 
 
 if __name__ == "__main__":

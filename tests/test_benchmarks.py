@@ -202,7 +202,8 @@ def test_prefix_cache_gsm8k_runs_both_arms(tiny_model_dir: Path, out_dir: Path) 
     # the 5 shots are shared: later requests take them from the cache
     assert on["prompt_tokens_cached"] > 0 and off["prompt_tokens_cached"] == 0
     assert on["prompt_tokens_cached"] + on["prompt_tokens_computed"] == on["prompt_tokens"]
-    assert _read(path)["comparison"]["throughput_ratio"] > 0
+    cmp = _read(path)["comparison"]
+    assert cmp["throughput_ratio"] > 0 and cmp["identical_outputs"] == cmp["outputs"] == 4
 
 
 def test_prefix_cache_chat_reuses_earlier_turns(tiny_model_dir: Path, out_dir: Path) -> None:
@@ -214,6 +215,8 @@ def test_prefix_cache_chat_reuses_earlier_turns(tiny_model_dir: Path, out_dir: P
     assert len(on) == 3 and [t["prompt_tokens"] for t in on] == [t["prompt_tokens"] for t in off]
     assert all(t["prompt_tokens_cached"] == 0 for t in off)
     assert all(t["prompt_tokens_cached"] > 0 for t in on[1:])  # earlier turns' blocks
+    cmp = _read(path)["comparison"]
+    assert cmp["identical_outputs"] == cmp["outputs"] == 6
 
 
 def test_offline_throughput(offline_json: Path) -> None:
