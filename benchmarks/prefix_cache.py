@@ -112,36 +112,51 @@ def run_chat(ns: argparse.Namespace, disabled: bool) -> dict[str, Any]:
     chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}]
              for r in rows]
     params = {"max_new_tokens": ns.max_new_tokens or 96, "temperature": 0.0}
-    turns, t_all = [], now()
+    turns: list[dict[str, Any]] = []
+    history: list[list[int]] = [[] for _ in chats]  # the last turn's prompt + output ids
+    t_all = now()
     with engine(ns, disabled) as e:
-        tok = e.front.tokenizer
+        tok, page = e.front.tokenizer, e.get_server_info()["kv_pool"]["page_size"]
         for t in range(ns.turns):
             if t:
                 for chat in chats:
                     chat.append({"role": "user", "content": FOLLOW_UPS[(t - 1) % 3]})
-            prompts = [tok.apply_chat_template(chat) for chat in chats]
-            turns.append(chat_turn(e, prompts, params))
-            for chat, reply in zip(chats, turns[-1].pop("replies"), strict=True):
-                chat.append({"role": "assistant", "content": reply})
+            prompts = [tok.encode(tok.apply_chat_template(chat)) for chat in chats]
+            turns.append({**chat_turn(e, prompts, params),
+                          "reusable_tokens": reusable(history, prompts, page)})
+            for i, (chat, out) in enumerate(zip(chats, turns[-1].pop("outs"), strict=True)):
+                chat.append({"role": "assistant", "content": out["text"]})
+                history[i] = prompts[i] + out["output_ids"]
     wall = now() - t_all
     output = sum(t["output_tokens"] for t in turns)
-    texts = [ids for t in turns for ids in t.pop("ids")]
-    return {"turns": turns, "latency_s": wall, "output_tokens": output, "texts": texts,
-            "output_throughput": output / wall,
+    return {"turns": turns, "latency_s": wall, "output_tokens": output,
+            "output_throughput": output / wall, "texts": [o for t in turns for o in t["ids"]],
             **_sum_cache(turns, ("prompt_tokens_cached", "prompt_tokens_computed"))}
 
 
-def chat_turn(e: Any, prompts: list[str], params: dict[str, Any]) -> dict[str, Any]:
+def chat_turn(e: Any, prompts: list[list[int]], params: dict[str, Any]) -> dict[str, Any]:
     """One turn of every conversation, all in flight together."""
     before = e.get_server_info()
     t0 = now()
-    outs = e.generate(prompts, params)
+    outs = e.generate(input_ids=prompts, sampling_params=params)
     wall = now() - t0
     after = e.get_server_info()
-    return {"prompt_tokens": sum(o["meta_info"]["prompt_tokens"] for o in outs),
+    return {"prompt_tokens": sum(len(p) for p in prompts),
             "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
-            "latency_s": wall, **remote.prompt_cache_stats(before, after),
-            "replies": [o["text"] for o in outs], "ids": [o["output_ids"] for o in outs]}
+            "latency_s": wall, **remote.prompt_cache_stats(before, after), "outs": outs,
+            "ids": [o["output_ids"] for o in outs]}
+
+
+def reusable(history: list[list[int]], prompts: list[list[int]], page: int) -> int:
+    """Prompt tokens a prefix cache could take from the previous turn: per conversation, the
+    whole pages of the prompt's common prefix with the previous prompt + reply (a reply that
+    re-tokenizes to other ids shortens it)."""
+    total = 0
+    for old, new in zip(history, prompts, strict=True):
+        n = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
+                 min(len(old), len(new)))
+        total += n // page * page
+    return total
 
 
 def _sum_cache(turns: list[dict[str, Any]], keys: tuple[str, str]) -> dict[str, Any]:
@@ -157,6 +172,9 @@ def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """cache on / off: output throughput ratio, wall time ratio, prompt tokens computed, and
     how many outputs are identical (temperature 0: all should be). Drops the outputs."""
     texts = {name: arm.pop("texts") for name, arm in arms.items()}
+    for arm in arms.values():
+        for turn in arm.get("turns", []):
+            turn.pop("ids")
     if set(arms) != set(ARMS):
         return {}
     on, off = arms["cache_on"], arms["cache_off"]
@@ -179,7 +197,8 @@ def print_table(workload: str, arms: dict[str, dict[str, Any]], cmp: dict[str, A
         print(line + (f" {r['accuracy']:>8.3f}" if workload == "gsm8k" else ""))
         for i, t in enumerate(r.get("turns", [])):
             print(f"{'turn ' + str(i + 1):>10} {t['latency_s']:>8.1f} {'':>8} "
-                  f"{t['prompt_tokens_cached']:>8} {t['prompt_tokens_computed']:>8}")
+                  f"{t['prompt_tokens_cached']:>8} {t['prompt_tokens_computed']:>8} "
+                  f"{'':>10} reusable {t['reusable_tokens']} of {t['prompt_tokens']}")
     if cmp:
         print(f"cache on / off: throughput x{cmp['throughput_ratio']:.2f}, prompt tokens "
               f"recomputed {100 * cmp['prompt_recomputed_share_on']:.1f}% with the cache, "

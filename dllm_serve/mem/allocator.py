@@ -50,7 +50,6 @@ class KVAllocator:
         self.refs = np.zeros(num_pages, dtype=np.int64)
         self.tree = RadixCache(page_size) if radix_cache else None
         self.reserved = 0
-        self.alloc_calls = 0  # number of page allocations made (tests use it)
 
     def pages_for(self, end: int) -> int:
         return -(-end // self.page_size)
@@ -102,7 +101,6 @@ class KVAllocator:
         if missing > h.reserved:
             raise RuntimeError(f"request needs {missing} more pages, reserved {h.reserved}")
         self._evict(missing - self.pages.num_free)
-        self.alloc_calls += 1
         new = self.pages.alloc(missing)
         self.refs[new] = 1
         h.pages.extend(new)
