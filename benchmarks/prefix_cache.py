@@ -18,6 +18,7 @@ then the on/off throughput ratio and the share of prompt tokens recomputed with 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ns = parse_args(argv)
     run = run_gsm8k if ns.workload == "gsm8k" else run_chat
-    arms = {arm: run(ns, ARMS[arm]) for arm in ns.arms.split(",")}
+    arms = {arm: timed_arm(run, ns, ARMS[arm]) for arm in ns.arms.split(",")}
     result = {"benchmark": f"prefix_cache_{ns.workload}", "git_commit": git_commit(),
               "config": vars(ns), "arms": arms, "comparison": compare(arms)}
     print_table(ns.workload, arms, result["comparison"])
     write_json(ns.output, result)
     return result
+
+
+def timed_arm(run: Any, ns: argparse.Namespace, disabled: bool) -> dict[str, Any]:
+    """One arm, with the machine's 1-minute load average before and after it (a shared
+    machine's other work slows an arm; the prompt-token counts do not depend on it)."""
+    load = os.getloadavg()[0]
+    return {**run(ns, disabled), "load_average": [load, os.getloadavg()[0]]}
 
 
 def engine(ns: argparse.Namespace, disabled: bool) -> Any:
