@@ -46,6 +46,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mem-fraction-static", type=float, default=0.85, help="GPU only")
     parser.add_argument("--max-total-tokens", type=int, default=None)
     parser.add_argument("--context-length", type=int, default=None)
+    parser.add_argument("--disable-radix-cache", action="store_true",
+                        help="turn the radix prefix cache off (every prompt prefilled in full)")
 
 
 # Execution modes by name -> the Engine keywords that select them; every benchmark that takes
@@ -71,7 +73,7 @@ def mode_name(server_info: dict[str, Any]) -> str:
 def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = ("model_path", "device", "dtype", "dllm_algorithm", "dllm_algorithm_config",
             "attention_backend", "moe_backend", "load_format", "mem_fraction_static",
-            "max_total_tokens", "context_length")
+            "max_total_tokens", "context_length", "disable_radix_cache")
     return {k: getattr(ns, k) for k in keys}
 
 

@@ -13,7 +13,9 @@ In process, through dllm_serve.Engine (the engine's own flags apply):
 Reports accuracy, invalid rate (no number in the completion), wall time, per-request latency,
 output throughput (completion tokens / wall time), tokens per forward (TPF: completion tokens /
 forwards the committed blocks took) and forwards per block; in process also tokens per
-request-forward (completion tokens / denoise forwards the requests sat in, waiting included).
+request-forward (completion tokens / denoise forwards the requests sat in, waiting included);
+and prompt tokens taken from the radix prefix cache vs computed (`--disable-radix-cache` in
+process turns the cache off; benchmarks/prefix_cache.py runs both in one go).
 `--protocol sglang` (the default) is exactly SGLang's `few_shot_gsm8k` (shots = the first test
 questions, its answer reading); `--protocol clean` takes the shots from the train split and reads
 signed integers (see gsm8k_protocol.py). The JSON's `config.protocol` says which ran.
@@ -103,7 +105,8 @@ def run_engine(ns: argparse.Namespace, prompts: list[str], params: GenParams,
         answers = run_parallel(engine_call(engine, params), prompts, ns.parallel, "gsm8k")
         wall = now() - t0
         after = engine.get_server_info()
-    return answers, wall, after, engine_block_stats(answers, remote.stats_delta(before, after))
+    blocks = engine_block_stats(answers, remote.stats_delta(before, after))
+    return answers, wall, after, {**blocks, **remote.prompt_cache_stats(before, after)}
 
 
 def run_server(ns: argparse.Namespace, prompts: list[str], params: GenParams,
@@ -121,7 +124,8 @@ def run_server(ns: argparse.Namespace, prompts: list[str], params: GenParams,
     after = remote.server_info(root, key)
     tokens = sum(a.completion_tokens for a in answers)
     blocks = remote.block_stats(remote.stats_delta(before, after), tokens)
-    return answers, wall, {"model": model, **(after or {})}, {**blocks, "forwards_per_block": []}
+    return answers, wall, {"model": model, **(after or {})}, {
+        **blocks, "forwards_per_block": [], **remote.prompt_cache_stats(before, after)}
 
 
 def engine_block_stats(answers: list[Completion], delta: dict[str, int] | None,
@@ -170,11 +174,12 @@ def config(ns: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
 
 def print_table(r: dict[str, Any]) -> None:
     tpf, fpb = r["tokens_per_forward"], r["forwards_per_block_mean"]
+    share = r.get("prompt_recomputed_share")
     print(f"{'n':>4} {'accuracy':>8} {'invalid':>7} {'fail':>4} {'latency s':>9} "
-          f"{'tok/s':>8} {'TPF':>6} {'fwd/blk':>7}")
+          f"{'tok/s':>8} {'TPF':>6} {'fwd/blk':>7} {'recomputed':>10}")
     print(f"{r['num_questions']:>4} {r['accuracy']:>8.3f} {r['invalid_rate']:>7.3f} "
           f"{r['failures']:>4} {r['latency_s']:>9.2f} {r['output_throughput']:>8.1f} "
-          f"{_num(tpf, 6, 2)} {_num(fpb, 7, 2)}")
+          f"{_num(tpf, 6, 2)} {_num(fpb, 7, 2)} {_num(share, 10, 3)}")
 
 
 def _num(x: float | None, width: int, digits: int) -> str:

@@ -58,6 +58,20 @@ def stats_delta(before: dict[str, Any] | None, after: dict[str, Any] | None,
     return {k: a[k] - b[k] for k in a if k in b}
 
 
+def prompt_cache_stats(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                       ) -> dict[str, Any]:
+    """Prompt tokens taken from the radix prefix cache vs computed during a run, from the
+    server's `radix_cache` counters read before and after it (server-wide: the run must be
+    the only traffic); None values for a server without them."""
+    if not before or not after or "radix_cache" not in before or "radix_cache" not in after:
+        return {"prompt_tokens_cached": None, "prompt_tokens_computed": None,
+                "prompt_recomputed_share": None}
+    b, a = before["radix_cache"], after["radix_cache"]
+    hit, miss = a["hit_tokens"] - b["hit_tokens"], a["miss_tokens"] - b["miss_tokens"]
+    return {"prompt_tokens_cached": hit, "prompt_tokens_computed": miss,
+            "prompt_recomputed_share": miss / (hit + miss) if hit + miss else None}
+
+
 def block_stats(delta: dict[str, int] | None, completion_tokens: int) -> dict[str, Any]:
     """Tokens per forward and forwards per committed block from a stats delta.
 

@@ -77,8 +77,15 @@ class Engine:
         self.front.abort(rid, abort_all)
 
     def get_server_info(self) -> dict[str, Any]:
-        """Server args, the scheduler's state, and `kv_pool` / `req_pool` occupancy."""
+        """Server args, the scheduler's state, `kv_pool` / `req_pool` occupancy and
+        `radix_cache` (cached_pages, evictable_pages, hit_tokens, miss_tokens)."""
         return {**self.server_args.__dict__, **self.front.server_info()}
+
+    def flush_cache(self) -> dict[str, Any]:
+        """Empty the radix prefix cache: {"success", "message", "freed_pages"}; success is
+        False (nothing flushed) while requests are running or waiting."""
+        r = self.front.flush_cache()
+        return {"success": r.success, "message": r.message, "freed_pages": r.freed_pages}
 
     def get_all_child_pids(self) -> list[int]:
         return self.front.procs.pids()

@@ -13,7 +13,7 @@ from dllm_serve.default_model import resolve_model_path
 from dllm_serve.dllm.config import DllmConfig, arch_defaults
 from dllm_serve.dllm.modes import RoundMode
 from dllm_serve.dllm.wavefront import WavefrontConfig
-from dllm_serve.managers.scheduler import SchedulerConfig
+from dllm_serve.managers.scheduler_config import SchedulerConfig
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.runner import RunnerConfig
 from dllm_serve.server_args import ServerArgs
@@ -92,5 +92,6 @@ class EngineConfig:
             max_running_requests=a.max_running_requests,
             max_queued_requests=a.max_queued_requests,
             chunked_prefill_size=a.chunked_prefill_size, num_pages=0, page_size=0,
-            random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size)
+            random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size,
+            radix_cache=not a.disable_radix_cache)
         return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level)

@@ -63,6 +63,11 @@ class ServerArgs:
         None, "Longest prompt + output in tokens. Default: the model's max_position_embeddings.")
     chunked_prefill_size: int = _f(
         4096, "Most prompt tokens prefilled in one forward (rounded down to whole blocks).")
+    disable_radix_cache: bool = _f(
+        False, "Turn off the radix prefix cache. By default requests share the KV pages of a "
+        "common prompt prefix (whole pages of committed blocks: few-shot examples, system "
+        "prompts, earlier chat turns) and prefill only the rest; unused cached pages are "
+        "evicted, least recently used first, when the pool runs short.", boolean=True)
     device: str = _f("auto", "cpu, cuda or auto (cuda when available).", choices=DEVICES)
     dtype: str = _f(
         "auto", "Weight and activation dtype; auto = bfloat16 on cuda, float32 on cpu.",

@@ -133,18 +133,33 @@ def shared_server(model_dir: Path) -> Server:
     return _shared["server"]
 
 
+def whole(info: dict[str, Any]) -> bool:
+    """Idle, every request slot free, and every KV page free or held by the radix cache for
+    nobody (evictable): free + cached-evictable == total, none reserved."""
+    kv, req, cache = info["kv_pool"], info["req_pool"], info["radix_cache"]
+    return (kv["free_pages"] + cache["evictable_pages"] == kv["total_pages"]
+            and cache["evictable_pages"] == cache["cached_pages"] and kv["reserved_pages"] == 0
+            and req["free_slots"] == req["total_slots"]
+            and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0)
+
+
+def held_pages(info: dict[str, Any]) -> int:
+    """KV pages held by requests: neither free nor cached-evictable (0 when idle and whole)."""
+    kv = info["kv_pool"]
+    return kv["total_pages"] - kv["free_pages"] - info["radix_cache"]["evictable_pages"]
+
+
 def pools_whole(server: Server, timeout: float = 60.0) -> dict[str, Any]:
-    """Wait until the scheduler is idle with every KV page and request slot free."""
+    """Wait until the scheduler is idle with its pools whole (see `whole`)."""
     deadline = time.monotonic() + timeout
     while True:
         info = server.get("/get_server_info").json()
         kv, req = info["kv_pool"], info["req_pool"]
-        whole = (kv["free_pages"] == kv["total_pages"] and req["free_slots"] == req["total_slots"]
-                 and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0)
-        if whole:
+        if whole(info):
             return info
         if time.monotonic() > deadline:
-            raise AssertionError(f"pools not whole after {timeout} s: {kv} {req}")
+            raise AssertionError(f"pools not whole after {timeout} s: {kv} {req} "
+                                 f"{info['radix_cache']}")
         time.sleep(0.1)
 
 

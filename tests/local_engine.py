@@ -21,7 +21,8 @@ from dllm_serve.dllm.wavefront import WavefrontConfig
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import GenerateReq, ReqOutput, WorkerReport, WorkItem
-from dllm_serve.managers.scheduler import Scheduler, SchedulerConfig
+from dllm_serve.managers.scheduler import Scheduler
+from dllm_serve.managers.scheduler_config import SchedulerConfig
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.denoise_run import DenoiseRun
 from dllm_serve.model.runner import ModelRunner
@@ -75,14 +76,27 @@ class LocalEngine:
     def tokens(self, rid: str) -> list[int]:
         return [t for o in self.outputs.get(rid, []) for t in o.new_ids.tolist()]
 
+    def assert_whole(self) -> dict[str, int]:
+        """Idle: references add up, every page free or cached-evictable (nothing locked),
+        nothing reserved, every slot free; returns the allocator's stats."""
+        self.sched.check_integrity()
+        s = self.sched.alloc.stats()
+        assert s["free_pages"] + s["evictable_pages"] == s["total_pages"], s
+        assert s["evictable_pages"] == s["cached_pages"], s
+        assert s["reserved_pages"] == 0 and s["free_slots"] == s["total_slots"], s
+        return s
+
 
 def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
-                 mrr: int = 2, page_size: int | None = None,
+                 mrr: int = 2, page_size: int | None = None, radix_cache: bool = True,
+                 chunked_prefill_size: int = 32, max_total_tokens: int | None = None,
                  **wavefront_kw: float | bool) -> LocalEngine:
     """The real model runner (CPU, fp32) under a local scheduler + worker."""
     args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
-                      dllm_fdfo=fdfo, max_running_requests=mrr, chunked_prefill_size=32,
-                      dllm_wavefront_size=wavefront, page_size=page_size)
+                      dllm_fdfo=fdfo, max_running_requests=mrr,
+                      chunked_prefill_size=chunked_prefill_size, dllm_wavefront_size=wavefront,
+                      page_size=page_size, disable_radix_cache=not radix_cache,
+                      max_total_tokens=max_total_tokens)
     cfg = EngineConfig.resolve(args)
     wcfg = cfg.worker()
     mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
@@ -128,8 +142,8 @@ class ScriptedFill(DllmAlgorithm):
 class FakeRunner:
     """A model runner without a model: logits are zeros; records what it was asked to do."""
 
-    def __init__(self, block_size: int, num_pages: int, vocab: int = 16) -> None:
-        self.block_size, self.page_size, self.num_pages = block_size, block_size, num_pages
+    def __init__(self, block_size: int, num_pages: int, page_size: int, vocab: int = 16) -> None:
+        self.block_size, self.page_size, self.num_pages = block_size, page_size, num_pages
         self.max_requests, self.graph_max_blocks = 64, 0
         self.device = torch.device("cpu")
         self.vocab = vocab
@@ -165,14 +179,16 @@ class FakeRunner:
 def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True, mrr: int = 4,
                     pages: int = 64, queue: int | None = None, prefill: int = 64,
                     wavefront: int = 1, decode: Callable[[list[int]], str] | None = None,
-                    fill: int = 7, need: Callable[[int], int] | None = None) -> LocalEngine:
+                    fill: int = 7, need: Callable[[int], int] | None = None,
+                    radix_cache: bool = True, page_size: int | None = None) -> LocalEngine:
     cfg = SchedulerConfig(block_size=k, mask_id=mask, fdfo=fdfo, max_running_requests=mrr,
                           max_queued_requests=queue, chunked_prefill_size=prefill,
-                          num_pages=pages, page_size=k, wavefront_size=wavefront)
+                          num_pages=pages, page_size=page_size or k, wavefront_size=wavefront,
+                          radix_cache=radix_cache)
     algo = ScriptedFill(ScriptedConfig(fill), k, mask)
     if need is not None:
         algo.need = need  # type: ignore[method-assign]
-    runner = FakeRunner(k, pages)
+    runner = FakeRunner(k, pages, page_size or k)
     worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(wavefront)),  # type: ignore[arg-type]
                     report_every_s=0.0, max_prefill_tokens=prefill)
     return LocalEngine(Scheduler(cfg, FinishChecker({eos}, decode)), worker)

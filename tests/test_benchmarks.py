@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gsm8k, offline_throughput, plot, remote, serving
+from benchmarks import gsm8k, offline_throughput, plot, prefix_cache, remote, serving
 from benchmarks.common import DATA_DIR, MODES, read_jsonl
 from benchmarks.gsm8k_protocol import (
     PROTOCOLS,
@@ -125,7 +125,8 @@ def test_remote_helpers() -> None:
 
 GSM8K_FIELDS = ("accuracy", "invalid_rate", "failures", "latency_s", "request_latency_s",
                 "output_tokens", "output_throughput", "tokens_per_forward",
-                "forwards_per_block_mean", "forwards_per_block")
+                "forwards_per_block_mean", "forwards_per_block", "prompt_tokens_cached",
+                "prompt_tokens_computed", "prompt_recomputed_share")
 SERVING_FIELDS = ("completed", "failed", "duration_s", "request_throughput", "input_throughput",
                   "output_throughput", "total_token_throughput", "ttft_ms", "itl_block_ms",
                   "itl_token_ms", "tpot_ms", "e2e_latency_ms", "tokens_per_forward")
@@ -195,6 +196,7 @@ def test_gsm8k_engine_mode(gsm8k_engine_json: Path) -> None:
     from_stats = remote.block_stats(r["server_stats"], r["output_tokens"])
     assert from_stats["tokens_per_forward"] == pytest.approx(r["tokens_per_forward"])
     assert len(result["questions"]) == 3 and result["questions"][0]["label"] == 18
+    assert r["prompt_tokens_cached"] + r["prompt_tokens_computed"] == r["prompt_tokens"]
 
 
 def test_gsm8k_server_mode(server_url: str, out_dir: Path) -> None:
@@ -205,6 +207,34 @@ def test_gsm8k_server_mode(server_url: str, out_dir: Path) -> None:
     assert all(k in r for k in GSM8K_FIELDS) and r["failures"] == 0
     assert r["output_tokens"] > 0 and r["tokens_per_forward"] > 0
     assert r["source"].startswith("server")
+
+
+def test_prefix_cache_gsm8k_runs_both_arms(tiny_model_dir: Path, out_dir: Path) -> None:
+    path = out_dir / "prefix_cache_gsm8k.json"
+    prefix_cache.main(["gsm8k", *_engine_args(tiny_model_dir), "--num-questions", "4",
+                       "--max-new-tokens", "32", "--max-running-requests", "2",
+                       "--output", str(path)])
+    arms = _read(path)["arms"]
+    on, off = arms["cache_on"], arms["cache_off"]
+    assert on["prompt_tokens"] == off["prompt_tokens"] > 0
+    # the 5 shots are shared: later requests take them from the cache
+    assert on["prompt_tokens_cached"] > 0 and off["prompt_tokens_cached"] == 0
+    assert on["prompt_tokens_cached"] + on["prompt_tokens_computed"] == on["prompt_tokens"]
+    cmp = _read(path)["comparison"]
+    assert cmp["throughput_ratio"] > 0 and cmp["identical_outputs"] == cmp["outputs"] == 4
+
+
+def test_prefix_cache_chat_reuses_earlier_turns(tiny_model_dir: Path, out_dir: Path) -> None:
+    path = out_dir / "prefix_cache_chat.json"
+    prefix_cache.main(["chat", *_engine_args(tiny_model_dir), "--conversations", "2",
+                       "--turns", "3", "--max-new-tokens", "40", "--output", str(path)])
+    arms = _read(path)["arms"]
+    on, off = arms["cache_on"]["turns"], arms["cache_off"]["turns"]
+    assert len(on) == 3 and [t["prompt_tokens"] for t in on] == [t["prompt_tokens"] for t in off]
+    assert all(t["prompt_tokens_cached"] == 0 for t in off)
+    assert all(t["prompt_tokens_cached"] > 0 for t in on[1:])  # earlier turns' blocks
+    cmp = _read(path)["comparison"]
+    assert cmp["identical_outputs"] == cmp["outputs"] == 6
 
 
 def test_offline_throughput(offline_json: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from http_helpers import whole
 
 from dllm_serve import Engine
 from dllm_serve.errors import EngineDeadError, RequestError
@@ -29,9 +30,7 @@ def engine(tiny_model_dir: Path):
 
 def assert_pools_whole(engine: Engine) -> None:
     info = engine.get_server_info()
-    kv, req = info["kv_pool"], info["req_pool"]
-    assert kv["free_pages"] == kv["total_pages"] and kv["reserved_pages"] == 0
-    assert req["free_slots"] == req["total_slots"]
+    assert whole(info), (info["kv_pool"], info["req_pool"], info["radix_cache"])
 
 
 def test_generate_single_batch_and_ids(engine: Engine) -> None:

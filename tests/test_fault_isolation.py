@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from faulty_algorithms import LATE_NAN_SEED, NAN_SEED, RAISE_SEED, STUCK_SEED
+from test_engine import assert_pools_whole
 
 from dllm_serve import Engine
 
@@ -33,9 +34,7 @@ def test_one_bad_request_fails_alone(tiny_model_dir: Path, algorithm: str, seed:
         assert all(r["type"] == "length" for r in reasons), reasons
         assert all(o["meta_info"]["completion_tokens"] == 48 for i, o in enumerate(outs)
                    if i != 3)
-        info = engine.get_server_info()
-        assert info["kv_pool"]["free_pages"] == info["kv_pool"]["total_pages"]
-        assert info["req_pool"]["free_slots"] == info["req_pool"]["total_slots"]
+        assert_pools_whole(engine)
         again = engine.generate("still up", {"max_new_tokens": 8, "ignore_eos": True})
         assert again["meta_info"]["finish_reason"]["type"] == "length"
 

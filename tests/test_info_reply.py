@@ -21,10 +21,10 @@ class LateScheduler:
 
     def send(self, msg: InfoReq) -> None:
         for old in self.pending:
-            self.front._answer_info(InfoResp(old.req_id, {"answer_to": old.req_id}))
+            self.front._answer(InfoResp(old.req_id, {"answer_to": old.req_id}))
         self.pending = [msg]
         if msg.req_id >= 2:  # from the second request on, also answer at once
-            self.front._answer_info(InfoResp(msg.req_id, {"answer_to": msg.req_id}))
+            self.front._answer(InfoResp(msg.req_id, {"answer_to": msg.req_id}))
             self.pending = []
 
 

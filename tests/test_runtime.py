@@ -23,6 +23,7 @@ RETIRED = m.Retired(np.array([4]), np.array([32]), np.arange(32).reshape(1, 32),
 EXAMPLES: list[object] = [
     m.GenerateReq("r", IDS, SamplingParams(max_new_tokens=4, stop=["x"]), 1.5),
     m.AbortReq("r"), m.AbortReq(abort_all=True, message="bye"), m.InfoReq(7),
+    m.FlushCacheReq(8), m.FlushCacheResp(8, False, "busy", 0),
     m.ReqOutput("r", IDS, True, {"type": "length", "length": 4}, 5, 4, 6, 5, 1, [3], [0]),
     m.BatchOutput([m.ReqOutput("r", IDS)]), m.InfoResp(7, {"a": 1}), m.Ready({"b": 2}),
     m.Fatal("boom"), SETTINGS, m.AddPages(3, 2, np.array([9, 4])),

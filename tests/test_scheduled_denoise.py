@@ -43,7 +43,7 @@ def test_lognormal_and_histogram_draws() -> None:
 
 def test_each_block_takes_its_drawn_forward_count() -> None:
     algo = ScheduledDenoise(ScheduledConfig(), K, M)
-    worker = Worker(FakeRunner(K, 64, vocab=32), algo, RoundMode(), report_every_s=0.0)  # type: ignore[arg-type]
+    worker = Worker(FakeRunner(K, 64, K, vocab=32), algo, RoundMode(), report_every_s=0.0)  # type: ignore[arg-type]
     items = [AddPages(0, 0, np.arange(8)),
              Admit(1, 0, 0, np.full((1, K), M), [None], [0],
                    ReqSettings(prompt_len=0, max_end=4 * K, seed=5))]

@@ -27,8 +27,7 @@ def test_requests_complete_with_exact_lengths_and_pools_whole() -> None:
     for rid, (_, n) in lengths.items():
         assert outs[rid][-1].finished and outs[rid][-1].finish_reason["type"] == "length"
         assert sum(len(o.new_ids) for o in outs[rid]) == n == outs[rid][-1].completion_tokens
-    stats = e.sched.alloc.stats()
-    assert stats["free_pages"] == 64 and stats["free_slots"] == 3 and e.sched.alloc.reserved == 0
+    e.assert_whole()
     assert e.worker.batch.reqs == {}
 
 
@@ -143,8 +142,7 @@ def test_abort_in_every_state_frees_everything() -> None:
     e.step()
     e.step()
     assert e.sched.idle and e.worker.batch.reqs == {}
-    e.sched.check_integrity()
-    assert e.sched.alloc.stats()["free_pages"] == 64 and e.sched.alloc.reserved == 0
+    e.assert_whole()
 
 
 def test_preempt_and_resume_keep_the_block_and_its_state() -> None:
@@ -216,7 +214,7 @@ def test_max_new_tokens_zero_prefills_only() -> None:
     assert outs["a"][-1].completion_tokens == 0
     assert [x[0] for x in engine.worker.runner.log] == ["prefill"]  # type: ignore[attr-defined]
     assert isinstance(next(x for x in engine.sent if not isinstance(x, AddPages)), Prefill)
-    assert engine.sched.alloc.stats()["free_pages"] == 64
+    engine.assert_whole()
 
 
 def test_a_block_turnover_rewrites_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:

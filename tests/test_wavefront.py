@@ -218,9 +218,7 @@ def test_packing_opens_blocks_per_request_and_abort_mid_wavefront_frees_all(
     engine.sched.abort(AbortReq(abort_all=True))
     engine.run()
     assert engine.worker.batch.reqs == {} and engine.worker.batch.num_rows == 0
-    engine.sched.check_integrity()
-    stats = engine.sched.alloc.stats()
-    assert stats["free_pages"] == stats["total_pages"] and engine.sched.alloc.reserved == 0
+    engine.assert_whole()
 
 
 def test_lockstep_baseline_completes(tiny_model_dir: Path) -> None:

@@ -13,6 +13,7 @@ from dllm_serve.errors import EngineDeadError
 from dllm_serve.http.errors import APIError, EngineFailed, unavailable
 from dllm_serve.http.lifecycle import NOT_READY_MESSAGES, Lifecycle
 from dllm_serve.http.metrics import ServerMetrics
+from dllm_serve.managers.messages import FlushCacheResp
 from dllm_serve.managers.tokenizer_manager import TokenizerManager
 from dllm_serve.server_args import ServerArgs
 
@@ -59,6 +60,15 @@ class ServerContext:
         """The front's server_info (scheduler state, kv_pool, req_pool); blocking."""
         try:
             return self.require_front().server_info(timeout=INFO_TIMEOUT_S)
+        except EngineDeadError as e:
+            raise EngineFailed(str(e)) from None
+        except queue.Empty:
+            raise unavailable("The scheduler did not answer in time.") from None
+
+    def flush_cache(self) -> FlushCacheResp:
+        """Ask the scheduler to empty its prefix cache; blocking."""
+        try:
+            return self.require_front().flush_cache(timeout=INFO_TIMEOUT_S)
         except EngineDeadError as e:
             raise EngineFailed(str(e)) from None
         except queue.Empty:

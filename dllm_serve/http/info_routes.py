@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from dllm_serve.http import health, tokenize
 from dllm_serve.http.body import read_json
 from dllm_serve.http.context import ServerContext
-from dllm_serve.http.errors import unavailable
+from dllm_serve.http.errors import APIError, unavailable
 from dllm_serve.http.openapi import Doc
 from dllm_serve.http.protocol import DetokenizeRequest, TokenizeRequest
 from dllm_serve.http.responses import (
@@ -27,8 +27,6 @@ from dllm_serve.http.responses import (
     TokenizerInfo,
 )
 
-FLUSHED = ("Cache flushed. (dllm-serve has no prefix cache yet, so there was nothing to "
-           "flush.)\n")
 ENGINE = (500, 503)  # routes that ask the scheduler: dead (500) or no answer in time (503)
 
 
@@ -101,9 +99,14 @@ def _info(app: FastAPI, ctx: ServerContext) -> None:
         return [load(await asyncio.to_thread(ctx.scheduler_info))]
 
     @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse,
-                   **Doc(text=True).route_kwargs())
+                   **Doc(text=True, errors=(400, *ENGINE)).route_kwargs())
     async def flush_cache() -> Response:
-        return PlainTextResponse(FLUSHED)
+        """Empty the radix prefix cache (SGLang's route): 200 and a line of text, or a 400
+        while requests are running or waiting (nothing is flushed then)."""
+        result = await asyncio.to_thread(ctx.flush_cache)
+        if not result.success:
+            raise APIError(400, result.message)
+        return PlainTextResponse(result.message + "\n")
 
 
 def load(info: dict[str, Any]) -> dict[str, Any]:

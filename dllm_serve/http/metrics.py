@@ -6,7 +6,8 @@ Two sources:
   by the block's tokens, counted once per token, as SGLang weights multi-token steps), token
   counters, forwards per committed block;
 - the scheduler's state, read at scrape time through the front's server_info(): running and
-  queued requests, KV pages, and its round counters (denoise rounds, in-place re-loops, ...).
+  queued requests, KV pages, and its round counters (denoise rounds, in-place re-loops, ...),
+  and the radix prefix cache (cached pages, prompt tokens taken from it or computed).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ SCHEDULER_COUNTERS = {
                         "denoise round because no block of the batch had finished (FDFO)."),
     "forwards": ("dllm:forwards", "Model forwards run (prefill and denoise)."),
     "committed_blocks": ("dllm:committed_blocks", "Generation blocks committed."),
+}
+# Radix cache counters (server_info's radix_cache): key -> (metric name, help).
+CACHE_COUNTERS = {
+    "hit_tokens": ("dllm:cache_hit_tokens", "Prompt tokens whose KV came from the radix cache."),
+    "miss_tokens": ("dllm:cache_miss_tokens", "Prompt tokens computed (not in the radix cache)."),
 }
 
 
@@ -130,19 +136,21 @@ class SchedulerCollector(Collector):
         info = self.info()
         if info is None:
             return
-        kv, slots = info["kv_pool"], info["req_pool"]
-        used_pages = kv["total_pages"] - kv["free_pages"]
+        kv, slots, cache = info["kv_pool"], info["req_pool"], info.get("radix_cache", {})
+        used_pages = kv["total_pages"] - kv["free_pages"] - cache.get("evictable_pages", 0)
         yield self._gauge("dllm:num_running_reqs", "Requests being denoised.",
                           info["num_running_reqs"])
         yield self._gauge("dllm:num_queue_reqs", "Requests waiting for admission.",
                           info["num_waiting_reqs"])
-        yield self._gauge("dllm:kv_pages_used", "KV pages held by requests.", used_pages)
+        yield self._gauge("dllm:kv_pages_used", "KV pages held by requests (cached pages "
+                          "no request uses are free to evict and not counted).", used_pages)
         yield self._gauge("dllm:kv_pages_total", "KV pages in the pool.", kv["total_pages"])
         yield self._gauge("dllm:token_usage", "Fraction of KV pages in use.",
                           used_pages / max(1, kv["total_pages"]))
         yield self._gauge("dllm:req_slots_used", "Request slots in use.",
                           slots["total_slots"] - slots["free_slots"])
         yield from self._counters(info.get("stats", {}), bool(info.get("dllm_fdfo", True)))
+        yield from self._cache(cache)
 
     def _counters(self, stats: dict[str, Any], fdfo: bool) -> Iterator[Metric]:
         if "rounds" in stats:
@@ -156,6 +164,16 @@ class SchedulerCollector(Collector):
             if key in stats:
                 family = CounterMetricFamily(name, doc, labels=LABELS)
                 family.add_metric([self.model_name], stats[key])
+                yield family
+
+    def _cache(self, cache: dict[str, Any]) -> Iterator[Metric]:
+        if "cached_pages" in cache:
+            yield self._gauge("dllm:cached_pages", "KV pages held by the radix prefix cache.",
+                              cache["cached_pages"])
+        for key, (name, doc) in CACHE_COUNTERS.items():
+            if key in cache:
+                family = CounterMetricFamily(name, doc, labels=LABELS)
+                family.add_metric([self.model_name], cache[key])
                 yield family
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -2,8 +2,8 @@
 
 Token ids travel as numpy arrays, never as lists of Python ints on the hot path.
 
-front -> scheduler: GenerateReq, AbortReq, InfoReq, Shutdown.
-scheduler -> front: Ready, BatchOutput, InfoResp, Fatal.
+front -> scheduler: GenerateReq, AbortReq, InfoReq, FlushCacheReq, Shutdown.
+scheduler -> front: Ready, BatchOutput, InfoResp, FlushCacheResp, Fatal.
 scheduler -> worker: WorkerBatch (changes only: AddPages, Prefill, Admit, Release, Preempt),
     Shutdown.
 worker -> scheduler: WorkerReady, WorkerReport (results only: retired blocks, preempted and
@@ -57,6 +57,13 @@ class InfoReq:
     req_id: int = 0
 
 
+@dataclass
+class FlushCacheReq:
+    """Empty the radix prefix cache; the reply (FlushCacheResp) carries the same `req_id`."""
+
+    req_id: int = 0
+
+
 # ---- scheduler -> front -----------------------------------------------------------------
 
 
@@ -89,6 +96,16 @@ class BatchOutput:
 class InfoResp:
     req_id: int
     info: dict[str, Any]
+
+
+@dataclass
+class FlushCacheResp:
+    """success False: refused (requests are running or waiting); `message` says why."""
+
+    req_id: int
+    success: bool
+    message: str
+    freed_pages: int = 0
 
 
 @dataclass
@@ -259,9 +276,9 @@ class WorkerFailed:
 
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    GenerateReq, AbortReq, InfoReq, ReqOutput, BatchOutput, InfoResp, Ready, Fatal, ReqSettings,
-    AddPages, Prefill, Admit, Release, Preempt, WorkerBatch, Shutdown, WorkerReady, Retired,
-    Preempted, Failed, WorkerReport, WorkerFailed,
+    GenerateReq, AbortReq, InfoReq, FlushCacheReq, ReqOutput, BatchOutput, InfoResp,
+    FlushCacheResp, Ready, Fatal, ReqSettings, AddPages, Prefill, Admit, Release, Preempt,
+    WorkerBatch, Shutdown, WorkerReady, Retired, Preempted, Failed, WorkerReport, WorkerFailed,
 )
 
 

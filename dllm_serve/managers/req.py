@@ -7,6 +7,8 @@ Lengths (one vocabulary, used everywhere):
   block_size). While generating, the block being denoised starts at block_start = committed_len;
   the first generation block starts with the prompt's tail (prompt_len - prefill_end tokens).
 - max_end: prompt_len + max_new_tokens rounded up to a block: the most positions ever cached.
+- At admission committed_len starts at the prompt's prefix found in the radix cache (whole
+  pages, shared with other requests); only the rest is prefilled.
 While a request's blocks are on the device the worker owns them (managers/messages.py); the
 scheduler learns of each block when it retires, and `committed_len` advances. When the blocks
 leave the device unfinished (a preemption), the worker's report fills `dllm_incomplete_ids`
@@ -42,6 +44,7 @@ class Req:
     on_device: bool = False  # its blocks are in the worker's batch (or on their way)
     output_ids: list[int] = field(default_factory=list)
     holding: Holding | None = None  # slot and pages, once admitted
+    mapped_pages: int = 0  # leading pages of holding.pages the worker has mapped
     committed_len: int = 0
     dllm_incomplete_ids: np.ndarray | None = None  # (n, block_size) int64
     dllm_algo_state: list[dict[str, np.ndarray] | None] | None = None  # n states
@@ -90,6 +93,15 @@ class Req:
         tail = self.input_ids[self.committed_len:self.block_end]
         ids[0, : len(tail)] = tail
         return ids
+
+    def tokens(self, start: int, end: int) -> np.ndarray:
+        """The token ids at positions [start, end) of prompt + output."""
+        p = self.prompt_len
+        head = self.input_ids[start:min(end, p)].astype(np.int64)
+        if end <= p:
+            return head
+        tail = np.asarray(self.output_ids[max(0, start - p):end - p], dtype=np.int64)
+        return np.concatenate([head, tail])
 
     def generated_part(self, block: np.ndarray) -> np.ndarray:
         """The block's tokens that are output, i.e. past the prompt."""

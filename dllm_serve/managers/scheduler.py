@@ -8,6 +8,11 @@ the scheduler's; running the blocks is the worker's (see messages.py for who own
 when). The worker opens a request's next block itself while the request's pages cover it, so
 the scheduler keeps each running request's pages mapped LOOKAHEAD_BLOCKS ahead of the last
 block it knows of.
+
+Prefix cache: a new request takes the longest prefix of its prompt that the radix cache holds
+(whole pages, shared), and only the rest is prefilled; its pages enter the cache as they
+become final (managers/req_pages.py): prompt pages as soon as the prefill forward that writes
+them is sent, so requests admitted later in the same round share them too.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import itertools
 import logging
 import random
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,14 +28,14 @@ import numpy as np
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import (
     AbortReq,
-    AddPages,
     Admit,
+    FlushCacheReq,
+    FlushCacheResp,
     GenerateReq,
     InfoReq,
     InfoResp,
     Preempt,
     Preempted,
-    Prefill,
     Release,
     ReqOutput,
     ReqSettings,
@@ -39,54 +43,32 @@ from dllm_serve.managers.messages import (
     WorkerReport,
     WorkItem,
 )
+from dllm_serve.managers.prefill_plan import PrefillPlanner
 from dllm_serve.managers.req import Req
+from dllm_serve.managers.req_pages import ReqPages
+from dllm_serve.managers.scheduler_config import SchedulerConfig
 from dllm_serve.mem.allocator import KVAllocator
-from dllm_serve.model.buckets import prefill_budget
 
 logger = logging.getLogger(__name__)
-
-LOOKAHEAD_BLOCKS = 4  # blocks mapped past the window the worker may open (topped up at half)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    block_size: int
-    mask_id: int
-    fdfo: bool
-    max_running_requests: int
-    max_queued_requests: int | None
-    chunked_prefill_size: int
-    num_pages: int
-    page_size: int
-    random_seed: int = 0
-    wavefront_size: int = 1
-
-    def __post_init__(self) -> None:
-        if self.page_size % self.block_size:
-            raise ValueError(f"--page-size ({self.page_size}) must be a multiple of the "
-                             f"model's block size ({self.block_size})")
-
-    @property
-    def mapped_blocks(self) -> int:
-        """Blocks past a request's committed end whose pages stay mapped: the W-block window,
-        one spawned in the forward where the leftmost retires, and the lookahead."""
-        return self.wavefront_size + 1 + LOOKAHEAD_BLOCKS
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, finish: FinishChecker) -> None:
         self.config = config
         self.finish = finish
-        self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_running_requests)
+        self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_running_requests,
+                                 config.radix_cache)
         self.waiting: deque[Req] = deque()
         self.running: dict[int, Req] = {}  # by uid, admission order
         self.held: dict[int, Req] = {}  # preempted: off the device, keeping slot and pages
         self.outbox: list[Any] = []
         self.to_worker: list[WorkItem] = []
+        self.pages = ReqPages(self.alloc, config, self.to_worker)
         self.uids = itertools.count(1)
         self.rng = random.Random(config.random_seed)
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
                       "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
+        self.prefill = PrefillPlanner(config, self.to_worker, self.pages, self.stats)
 
     # ---- the loop's interface -----------------------------------------------------------
 
@@ -98,6 +80,8 @@ class Scheduler:
             self.abort(msg)
         elif isinstance(msg, InfoReq):
             self.outbox.append(InfoResp(msg.req_id, self.server_info()))
+        elif isinstance(msg, FlushCacheReq):
+            self.outbox.append(self.flush_cache(msg.req_id))
         else:
             raise TypeError(f"scheduler got an unexpected message {type(msg).__name__}")
 
@@ -122,7 +106,8 @@ class Scheduler:
         return out
 
     def take_worker_items(self) -> list[WorkItem]:
-        out, self.to_worker = self.to_worker, []
+        out = list(self.to_worker)
+        self.to_worker.clear()  # shared with self.pages
         return out
 
     @property
@@ -174,6 +159,16 @@ class Scheduler:
         self._send_blocks(req)
         return True
 
+    def flush_cache(self, req_id: int = 0) -> FlushCacheResp:
+        """Empty the prefix cache; refused while any request runs or waits (as SGLang)."""
+        if not self.idle:
+            return FlushCacheResp(req_id, False, f"Cannot flush the cache while requests are "
+                                  f"running or waiting ({len(self.running)} running, "
+                                  f"{len(self.waiting)} waiting); retry when the server is idle.")
+        freed = self.alloc.flush()
+        logger.info("flushed the prefix cache (%d pages)", freed)
+        return FlushCacheResp(req_id, True, f"Cache flushed ({freed} KV pages freed).", freed)
+
     def _reject(self, req: Req, status: int, message: str) -> None:
         self._finish(req, {"type": "abort", "message": message, "status_code": status})
 
@@ -183,50 +178,21 @@ class Scheduler:
         new = []
         while self.waiting and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
-            if not self.alloc.can_admit(req.max_end):
+            match = self.alloc.match(req.input_ids)
+            if not self.alloc.can_admit(req.max_end, match):
                 break  # FCFS: the head waits for memory, nobody overtakes it
             self.waiting.popleft()
-            req.holding = self.alloc.admit(req.max_end)
             req.uid = next(self.uids)
             self.running[req.uid] = req
-            self._map(req, req.prefill_end + self.config.mapped_blocks * self.config.block_size)
+            self.pages.start(req, match)
+            self.prefill.add(req)
             new.append(req)
-        if not new:
-            return
-        self._prefill([r for r in new if r.needs_prefill])
+        self.prefill.send()
         for req in new:
             if req.params.max_new_tokens == 0:  # prefill only (SGLang): nothing to generate
                 self._finish(req, {"type": "length", "length": 0})
             else:
                 self._send_blocks(req)
-
-    def _prefill(self, reqs: list[Req]) -> None:
-        """Prefill forwards of at most chunked_prefill_size tokens (whole blocks) each."""
-        k = self.config.block_size
-        budget = prefill_budget(self.config.chunked_prefill_size, k)
-        work, left = Prefill([], [], []), budget
-        for req in reqs:
-            while req.needs_prefill:
-                if left == 0:
-                    self._send_prefill(work)
-                    work, left = Prefill([], [], []), budget
-                end = min(req.prefill_end, req.committed_len + left)
-                assert req.holding is not None and req.holding.slot is not None
-                work.slots.append(req.holding.slot)
-                work.seg_starts.append(req.committed_len)
-                work.token_ids.append(req.input_ids[req.committed_len:end].astype(np.int64))
-                left -= end - req.committed_len
-                req.committed_len = end
-                req.forward_steps += 1
-                req.prefill_forwards += 1
-        if work.slots:
-            self._send_prefill(work)
-
-    def _send_prefill(self, work: Prefill) -> None:
-        self.to_worker.append(work)
-        self.stats["prefill_rounds"] += 1
-        self.stats["rounds"] += 1
-        self.stats["forwards"] += 1
 
     def _send_blocks(self, req: Req) -> None:
         """Admit the request's unfinished blocks (or its first block) to the device."""
@@ -248,24 +214,6 @@ class Scheduler:
                            dict(p.dllm), np.array(sorted(stop), dtype=np.int64),
                            top_k=p.top_k, min_p=p.min_p)
 
-    def _top_up(self, req: Req) -> None:
-        """Map pages ahead again once fewer than half the lookahead blocks are left (so a page
-        message goes out every few blocks, not after each)."""
-        assert req.holding is not None
-        k = self.config.block_size
-        ahead = len(req.holding.pages) * self.config.page_size - req.committed_len
-        if ahead < (self.config.mapped_blocks - LOOKAHEAD_BLOCKS // 2) * k:
-            self._map(req, req.committed_len + self.config.mapped_blocks * k)
-
-    def _map(self, req: Req, end: int) -> None:
-        """Map the request's pages up to min(end, max_end) on the worker (new pages only)."""
-        assert req.holding is not None
-        first = len(req.holding.pages)
-        if self.alloc.ensure(req.holding, min(end, req.max_end)):
-            pages = np.asarray(req.holding.pages[first:], dtype=np.int64)
-            assert req.holding.slot is not None
-            self.to_worker.append(AddPages(req.holding.slot, first, pages))
-
     # ---- results ----------------------------------------------------------------------------
 
     def _retired(self, r: Retired) -> None:
@@ -282,7 +230,7 @@ class Scheduler:
             req.forward_steps = req.prefill_forwards + req.denoise_steps
             self._commit(req, r.ids[i])
             if not req.finished:
-                self._top_up(req)
+                self.pages.top_up(req)
 
     def _preempted(self, pre: Preempted) -> None:
         req = self.running.get(pre.uid)
@@ -311,6 +259,7 @@ class Scheduler:
         req.committed_len = req.block_end
         req.blocks += 1
         self.stats["committed_blocks"] += 1
+        self.pages.cache(req)
         if req.finished:
             self._release(req)
         self.outbox.append(self._output(req, new))
@@ -339,7 +288,8 @@ class Scheduler:
     # ---- introspection --------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """free + used == total for pages and slots; nothing owned twice; raises if not."""
+        """Pages: reference counts equal their holders (requests, cache), free + evictable
+        + in use == total, cache locks equal the requests' paths; slots owned once. Raises."""
         self.alloc.check([r.holding for r in self.running.values() if r.holding is not None])
 
     def server_info(self) -> dict[str, Any]:
@@ -349,6 +299,9 @@ class Scheduler:
                         "reserved_pages": s["reserved_pages"],
                         "page_size": self.config.page_size},
             "req_pool": {"total_slots": s["total_slots"], "free_slots": s["free_slots"]},
+            "radix_cache": {"cached_pages": s["cached_pages"],
+                            "evictable_pages": s["evictable_pages"],
+                            **self.pages.prompt_tokens},
             "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
             "block_size": self.config.block_size, "dllm_fdfo": self.config.fdfo,
             "stats": dict(self.stats),

@@ -33,6 +33,8 @@ from dllm_serve.managers.messages import (
     AbortReq,
     BatchOutput,
     Fatal,
+    FlushCacheReq,
+    FlushCacheResp,
     GenerateReq,
     InfoReq,
     InfoResp,
@@ -84,8 +86,9 @@ class TokenizerManager:
         self.tx_lock = threading.Lock()
         self.states: dict[str, ReqState] = {}
         self.states_lock = threading.Lock()
-        # Info requests waiting for their reply, by id; a reply nobody waits for is dropped.
-        self.info_waiters: dict[int, queue.Queue[dict[str, Any]]] = {}
+        # Info and flush requests waiting for their reply, by id; a reply nobody waits for is
+        # dropped.
+        self.info_waiters: dict[int, queue.Queue[Any]] = {}
         self.info_ids = itertools.count(1)
         self.dead: str | None = None
         self.closed = False
@@ -161,19 +164,29 @@ class TokenizerManager:
         self._send(AbortReq(rid=rid, abort_all=abort_all))
 
     def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
+        info: InfoResp = self._ask(InfoReq, timeout)
+        return {**self.ready_info, **info.info}
+
+    def flush_cache(self, timeout: float = 30.0) -> FlushCacheResp:
+        """Empty the scheduler's prefix cache; `success` False (and why, in `message`) while
+        requests are running or waiting."""
+        return self._ask(FlushCacheReq, timeout)
+
+    def _ask(self, make: Callable[[int], object], timeout: float) -> Any:
+        """Send make(req_id) to the scheduler and wait for the reply with that id (raises
+        queue.Empty after `timeout` s)."""
         if self.dead is not None:
             raise EngineDeadError(self.dead)
         req_id = next(self.info_ids)
-        reply: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
         with self.states_lock:
             self.info_waiters[req_id] = reply
         try:
-            self._send(InfoReq(req_id))
-            info = reply.get(timeout=timeout)
+            self._send(make(req_id))
+            return reply.get(timeout=timeout)
         finally:
             with self.states_lock:
                 self.info_waiters.pop(req_id, None)
-        return {**self.ready_info, **info}
 
     @property
     def kv_capacity(self) -> int:
@@ -208,8 +221,8 @@ class TokenizerManager:
             elif isinstance(msg, BatchOutput):
                 for out in msg.outputs:
                     self._deliver(out)
-            elif isinstance(msg, InfoResp):
-                self._answer_info(msg)
+            elif isinstance(msg, InfoResp | FlushCacheResp):
+                self._answer(msg)
             elif isinstance(msg, Fatal):
                 self._fail_all(f"the engine failed:\n{msg.message}")
 
@@ -234,13 +247,13 @@ class TokenizerManager:
         state.callback(GenOutput(out.rid, state.detok.text, delta, list(state.output_ids),
                                  out.new_ids.tolist(), out.finished, out.finish_reason, meta))
 
-    def _answer_info(self, msg: InfoResp) -> None:
+    def _answer(self, msg: InfoResp | FlushCacheResp) -> None:
         with self.states_lock:
             reply = self.info_waiters.pop(msg.req_id, None)
         if reply is None:
-            logger.debug("dropped a late info reply (id %d)", msg.req_id)
+            logger.debug("dropped a late %s (id %d)", type(msg).__name__, msg.req_id)
             return
-        reply.put(msg.info)
+        reply.put(msg)
 
     def _fail_all(self, message: str) -> None:
         if self.dead is None:

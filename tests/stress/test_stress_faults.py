@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from http_helpers import Server, pools_whole, start_server
+from http_helpers import Server, held_pages, pools_whole, start_server
 from stress_helpers import (
     SEED,
     assert_clean_log,
@@ -209,9 +209,8 @@ def test_kv_nearly_full_under_load(small_kv: Server) -> None:
     def watch() -> None:
         while not done.is_set():
             info = small_kv.get("/get_server_info").json()
-            kv = info["kv_pool"]
-            peak["used"] = max(peak["used"], kv["total_pages"] - kv["free_pages"]
-                               + kv["reserved_pages"])
+            peak["used"] = max(peak["used"], held_pages(info)
+                               + info["kv_pool"]["reserved_pages"])
             peak["waiting"] = max(peak["waiting"], info["num_waiting_reqs"])
             time.sleep(0.05)
 
@@ -241,7 +240,7 @@ def test_kv_nearly_full_under_load(small_kv: Server) -> None:
     report(f"fault: KV pool of {total_pages} pages, {n} concurrent requests of up to 7 pages: "
            f"all completed in {elapsed:.1f} s, peak {peak['used']} pages in use or reserved, "
            f"up to {peak['waiting']} waiting; pages leaked "
-           f"{info['kv_pool']['total_pages'] - info['kv_pool']['free_pages']}")
+           f"{held_pages(info)}")
 
 
 def raw_request(server: Server, path: str, body: bytes, send: int | None = None,

@@ -250,7 +250,7 @@ def check_answer(r: httpx.Response, method: str) -> None:
     elif kind.startswith("application/json"):
         r.json()
     else:
-        assert kind.startswith("text/plain"), kind  # /metrics
+        assert kind.startswith("text/plain"), kind  # /metrics, /flush_cache
 
 
 @fuzz("structured")

@@ -5,7 +5,9 @@ Afterwards: every request that was not aborted got a complete, well-formed answe
 and request slots are whole; the scheduler and worker are the same live processes; the log has
 no traceback or leak; and the Prometheus counters agree with what the clients saw (requests by
 finish reason, prompt and generation tokens; a client that left knows only bounds for its own).
-Short form: 300 requests at concurrency 48. Long form (DLLM_SERVE_STRESS=long): 10000 at 128.
+A share of the prompts start with one preamble, so the radix prefix cache (on, the default) is
+shared throughout. Short form: 300 requests at concurrency 48. Long form
+(DLLM_SERVE_STRESS=long): 10000 at 128.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from http_helpers import Server, pools_whole, start_server
+from http_helpers import Server, held_pages, pools_whole, start_server
 from stress_helpers import (
     SEED,
     assert_clean_log,
@@ -58,6 +60,9 @@ EXTREME_FIELDS = ("temperature", "top_p", "min_p", "dllm_threshold", "frequency_
                   "repetition_penalty", "top_k", "seed")
 STOPS = ["in", "3", "!", " a", "x y"]
 WORDS = ["apples", "the", "3", "in", "plus", "Tom", "!", "buys", "é", "日本"]
+# A preamble that a share of the prompts start with (whole cached blocks: the radix cache is
+# shared by requests that finish, stop, leave or are aborted).
+PREAMBLE = "You are a careful assistant. Answer the question in one short sentence. " * 3
 
 
 @dataclass
@@ -96,7 +101,8 @@ class Soak:
     # ---- random pieces ----------------------------------------------------------------------
 
     def text(self) -> str:
-        return " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(1, 30)))
+        words = " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(1, 30)))
+        return PREAMBLE + words if self.rng.random() < 0.4 else words
 
     def sampling(self) -> dict[str, Any]:
         """Shared OpenAI fields: stop strings, ignore_eos, a faster threshold now and then."""
@@ -344,6 +350,7 @@ def test_soak(server: Server, tok: Tokenizer) -> None:
                                                        children.values())
     assert_clean_log(server, log_start)
     check_counters(outcomes, before, after)
+    assert info["radix_cache"]["hit_tokens"] > 0  # the cache was shared, then pools whole
     report_soak(outcomes, elapsed, info, before, after)
 
 
@@ -362,8 +369,9 @@ def report_soak(outcomes: list[Outcome], elapsed: float, info: dict[str, Any],
            f"{kinds['leave_waiting']} before a non-stream answer), invalid (400) "
            f"{kinds['invalid']}; engine requests {sum(o.choices for o in outcomes)}, by finish "
            f"reason in /metrics {by_reason}; pages leaked "
-           f"{info['kv_pool']['total_pages'] - info['kv_pool']['free_pages']}, slots leaked "
-           f"{info['req_pool']['total_slots'] - info['req_pool']['free_slots']}")
+           f"{held_pages(info)}, slots leaked "
+           f"{info['req_pool']['total_slots'] - info['req_pool']['free_slots']}; radix cache "
+           f"{info['radix_cache']}")
 
 
 def check_counters(outcomes: list[Outcome], before: dict[str, float],

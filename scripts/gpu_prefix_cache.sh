@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The radix prefix cache on one GPU (issue 16): each workload with the cache on and off
+# (--disable-radix-cache) in one run, on the Triton kernels + CUDA graphs:
+#   1. GSM8K 5-shot with SGLang's protocol, the built-in model, 200 questions, FDFO, 16
+#      requests, W=1: LowConfidence, then JointThreshold;
+#   2. chat: 64 conversations of 4 turns on one system prompt (the built-in model);
+#   3. LLaDA2.0-mini's shapes with random weights (--load-format dummy), GSM8K 5-shot, 64
+#      questions: the prefill saved at a real model's size (random weights never stop early, so
+#      every answer runs to --max-new-tokens; not SGLang's protocol).
+# Writes JSON + logs under $OUT (default ./gpu_out); each stage has its own time limit.
+#
+#   bash scripts/gpu_prefix_cache.sh            # device tool: carry [".whl"]
+set -u -o pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl 2>&1 | tail -3
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+FAST=(--device cuda --attention-backend triton --moe-backend triton --max-total-tokens 2000000)
+status=0
+run() {  # run NAME SECONDS CMD...: one stage, its own log; a failure does not stop the rest
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "   exit $?"; status=1; }
+  tr '\r' '\n' < "$OUT/$name.log" | grep -v '%|' | tail -n 8
+}
+for ALGO in LowConfidence JointThreshold; do
+  run "prefix_cache_gsm8k_$ALGO" 150 python3 -m benchmarks.prefix_cache gsm8k "${FAST[@]}" \
+    --dllm-algorithm "$ALGO" --dllm-wavefront-size 1 --max-running-requests 16 \
+    --num-questions 200 --output "$OUT/prefix_cache_gsm8k_$ALGO.json"
+done
+run prefix_cache_chat 150 python3 -m benchmarks.prefix_cache chat "${FAST[@]}" \
+  --conversations 64 --turns 4 --max-running-requests 16 --output "$OUT/prefix_cache_chat.json"
+MINI=/tmp/llada2-mini-shape
+python3 -c "from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint as b; \
+b('$MINI', preset='llada2-mini-shape', weights=False)"
+run prefix_cache_gsm8k_mini_shape 400 python3 -m benchmarks.prefix_cache gsm8k --device cuda \
+  --attention-backend triton --moe-backend triton --model-path "$MINI" --load-format dummy --dllm-wavefront-size 1 --max-running-requests 16 \
+  --num-questions 64 --max-new-tokens 128 --output "$OUT/prefix_cache_gsm8k_mini_shape.json"
+exit $status
