@@ -9,7 +9,8 @@
 #   STAGES="tests engine engine_default attention" TESTS=tests/test_engine_gpu.py \
 #     bash scripts/gpu_perf_check.sh         # a subset of the stages / of the tests
 #   ROOFLINE_ARGS="--backends triton+graphs --iters 5 --warmup 2" ENGINE_ARGS="--concurrency 16"
-#     ... and *_LIMIT (seconds): what the roofline / engine stages run, and for how long at most
+#     RUNTIME_ARGS=... RUNTIME_MINI_ARGS=... and *_LIMIT (seconds): what the roofline / engine /
+#     runtime stages run, and for how long at most
 #
 # Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
 # and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
@@ -87,10 +88,13 @@ stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_t
 
 # 6. (optional) The runtime (issue 12): FDFO vs sync and W=2 vs W=1 on the built-in model;
 #    FDFO vs sync at LLaDA2.0-mini's shapes with benchmarks/scheduled_denoise.py's schedules.
+# shellcheck disable=SC2086
 stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py \
-  --suite default-model default-heldout --out "$RUN/runtime_default.json"
-stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py --suite mini-lognormal \
-  mini-histogram --repeats 2 --out "$RUN/runtime_mini.json"
+  ${RUNTIME_ARGS:---suite default-model default-heldout} --out "$RUN/runtime_default.json"
+# shellcheck disable=SC2086
+stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py \
+  ${RUNTIME_MINI_ARGS:---suite mini-lognormal mini-histogram --repeats 2} \
+  --out "$RUN/runtime_mini.json"
 
 # 7. (optional) SDAR (issue 17): the round roofline at SDAR-8B's / SDAR-30B-A3B's shapes (B=16 /
 #    64, prefix ~1k / ~4k), the engine end to end at 64 and 128 requests. Its gpu tests:
