@@ -60,7 +60,8 @@ def test_scheduler_forwards_fit_the_buckets(chunk: int, wavefront: int) -> None:
     e = scripted_engine(k=k, mrr=mrr, pages=4000, prefill=chunk, wavefront=wavefront)
     rng = np.random.default_rng(chunk)
     for i, n in enumerate(rng.integers(1, 600, 20).tolist()):
-        e.submit(str(i), list(range(1, n + 1)), max_new_tokens=int(rng.integers(1, 40)),
+        # random ids: prompts that shared a prefix would be prefilled once (the prefix cache)
+        e.submit(str(i), rng.integers(1, 1000, n).tolist(), max_new_tokens=int(rng.integers(1, 40)),
                  ignore_eos=True)
     e.run()
     prefills = [x for x in e.sent if isinstance(x, Prefill)]

@@ -78,8 +78,7 @@ def test_random_workload_keeps_pools_whole(ops: list[tuple], fdfo: bool, wavefro
             break
         check(e)
     assert e.sched.idle and e.worker.idle and e.worker.batch.reqs == {}
-    stats = e.sched.alloc.stats()
-    assert stats["free_pages"] == stats["total_pages"] and stats["reserved_pages"] == 0
+    e.assert_whole()
     for rid in submitted:
         outs = e.outputs.get(rid, [])
         assert outs and outs[-1].finished and sum(o.finished for o in outs) == 1, rid
@@ -127,5 +126,4 @@ def test_bs1_with_preemptions_matches_sync(tiny_model_dir: Path, script: list[tu
             assert e.tokens(rid) == sync_reference[(n, 70)], (rid, n, when, event)
         else:
             assert event == "abort"
-        e.sched.check_integrity()
-        assert e.sched.alloc.stats()["free_pages"] == e.sched.alloc.stats()["total_pages"]
+        e.assert_whole()
