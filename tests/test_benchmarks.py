@@ -213,15 +213,17 @@ def test_prefix_cache_gsm8k_runs_both_arms(tiny_model_dir: Path, out_dir: Path) 
     path = out_dir / "prefix_cache_gsm8k.json"
     prefix_cache.main(["gsm8k", *_engine_args(tiny_model_dir), "--num-questions", "4",
                        "--max-new-tokens", "32", "--max-running-requests", "2",
-                       "--output", str(path)])
+                       "--arms", "cache_on,cache_off,cache_off_again", "--output", str(path)])
     arms = _read(path)["arms"]
     on, off = arms["cache_on"], arms["cache_off"]
+    assert arms["cache_off_again"]["prompt_tokens_cached"] == 0
     assert on["prompt_tokens"] == off["prompt_tokens"] > 0
     # the 5 shots are shared: later requests take them from the cache
     assert on["prompt_tokens_cached"] > 0 and off["prompt_tokens_cached"] == 0
     assert on["prompt_tokens_cached"] + on["prompt_tokens_computed"] == on["prompt_tokens"]
     cmp = _read(path)["comparison"]
     assert cmp["throughput_ratio"] > 0 and cmp["identical_outputs"] == cmp["outputs"] == 4
+    assert cmp["identical_outputs_off_vs_off_again"] == 4  # fp32 on the CPU: no noise
 
 
 def test_prefix_cache_chat_reuses_earlier_turns(tiny_model_dir: Path, out_dir: Path) -> None:
