@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import traceback
@@ -24,6 +25,7 @@ from dllm_serve.managers.worker import Worker
 from dllm_serve.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+PROFILE_ENV = "DLLM_SERVE_PROFILE_WORKER"
 
 
 def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
@@ -39,7 +41,7 @@ def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
                     info["worker_s"], info["warmup_s"])
         tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size,
                             {"startup": info}))
-        loop(worker, rx, tx)
+        profiled(loop, worker, rx, tx)
     except Exception:
         logger.exception("worker failed")
         tx.send(WorkerFailed(traceback.format_exc()))
@@ -61,6 +63,24 @@ def loop(worker: Worker, rx: Receiver, tx: Sender) -> None:
         if worker.tracer is not None and not worker.idle:
             worker.tracer.host(t0, time.monotonic(), worker.wait_s)
         worker.wait_s = 0.0
+
+
+def profiled(fn, *args: Any) -> None:  # type: ignore[no-untyped-def]
+    """fn(*args), under cProfile when $DLLM_SERVE_PROFILE_WORKER names a path prefix (the stats
+    go to PREFIX.<pid> when the loop ends: a developer's view of the worker's host time)."""
+    prefix = os.environ.get(PROFILE_ENV)
+    if not prefix:
+        fn(*args)
+        return
+    import cProfile
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: dump, then exit
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(fn, *args)
+    finally:
+        prof.dump_stats(f"{prefix}.{os.getpid()}")
 
 
 def unpack(msgs: list[object]) -> list[WorkItem] | None:
