@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dllm_serve.utils.device import record_event
+
 
 @dataclass
 class Pending:
@@ -31,6 +33,7 @@ class Pending:
 class Readback:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.current_stream(device) if self.cuda else None
         self.buffers: list[torch.Tensor] = []
         self.turn = 0
 
@@ -45,9 +48,8 @@ class Readback:
             self._grow(max(n, 64), width)
         host = self.buffers[self.turn][:n]
         host.copy_(readout, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return Pending(host, event)
+        assert self.stream is not None
+        return Pending(host, record_event(self.stream))
 
     def _grow(self, rows: int, width: int) -> None:
         torch.cuda.synchronize()  # a copy into the old buffers may still be running

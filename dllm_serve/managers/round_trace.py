@@ -22,6 +22,8 @@ from typing import IO, Any, TypeVar
 
 import torch
 
+from dllm_serve.utils.device import record_event
+
 TRACE_ENV = "DLLM_SERVE_ROUND_TRACE"
 T = TypeVar("T")
 
@@ -29,6 +31,7 @@ T = TypeVar("T")
 class Tracer:
     def __init__(self, path: str, device: torch.device, header: dict[str, Any]) -> None:
         self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.current_stream(device) if self.cuda else None
         self.out: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 (lives with the worker)
         self.pending: list[tuple[dict[str, Any], Any, Any]] = []
         self.prev_end: Any = None
@@ -61,9 +64,7 @@ class Tracer:
     def _mark(self) -> Any:
         if not self.cuda:
             return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return record_event(self.stream, timing=True)
 
     def _flush(self) -> None:
         while self.pending and self._done(self.pending[0][2]):

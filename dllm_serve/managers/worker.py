@@ -283,7 +283,9 @@ class Worker:
     def _stops(self, req: DeviceReq, block: Block) -> bool:
         s = req.settings
         gen = block.ids[max(0, s.prompt_len - block.start):] if block.ids is not None else []
-        return block.start + self.k >= s.max_end or bool(np.isin(gen, s.stop_ids).any())
+        stops = s.stop_ids  # (m,), a few ids: one broadcast compare beats np.isin's sort
+        return block.start + self.k >= s.max_end or bool(
+            len(stops) and (np.asarray(gen)[:, None] == stops[None, :]).any())
 
     def _can_open(self, req: DeviceReq) -> bool:
         end = req.next_start + self.k

@@ -26,6 +26,7 @@ from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.graph_layout import MetaLayout, fill_meta
+from dllm_serve.utils.device import record_event
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class BucketedForwards:
         self.host = torch.zeros(layout.size, dtype=torch.int64, pin_memory=dev.type == "cuda")
         self.meta = torch.zeros(layout.size, dtype=torch.int64, device=dev)
         self.copied: torch.cuda.Event | None = None  # the last metadata copy (host buffer busy)
+        self.stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None  # fills'
         self.ids = self.field("ids", layout.max_tokens) if ids is None else ids.view(-1)
         self.forwards = {b: self._static_forward(b) for b in buckets}
         self.captured = False
@@ -115,9 +117,8 @@ class BucketedForwards:
         fill_meta(self.host.numpy(), self.layout, bucket, req_slots, first_starts, num_blocks,
                   self.attn.tokens_per_tile, self.scratch_slot, ids, self.pad_id)
         self.meta.copy_(self.host, non_blocking=True)
-        if self.meta.is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+        if self.stream is not None:
+            self.copied = record_event(self.stream)
 
     def hidden(self, static: StaticForward) -> torch.Tensor:
         """The bucket's model forward (KV slots of the tokens, then the layers) -> (T_pad,

@@ -24,6 +24,7 @@ offsets sized for the largest bucket; a bucket uses a prefix of each field:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -46,11 +47,15 @@ class MetaLayout:
         return self.max_blocks * self.block_size
 
     def offset(self, field: str) -> int:
+        return self._offsets[field]
+
+    @cached_property
+    def _offsets(self) -> dict[str, int]:
         t, n = self.max_tokens, self.max_blocks
         ids = 2 * t + 3 * n
         return {"positions": 0, "token_slot": t, "seg_req": 2 * t, "seg_starts": 2 * t + n,
                 "seg_lens": 2 * t + 2 * n, "ids": ids,
-                "tiles": ids + (t if self.with_ids else 0)}[field]
+                "tiles": ids + (t if self.with_ids else 0)}
 
     @property
     def max_tiles(self) -> int:
@@ -77,9 +82,14 @@ def fill_meta(buf: np.ndarray, layout: MetaLayout, bucket: int, req_slots: list[
     if n > bucket or bucket > layout.max_blocks:
         raise ValueError(f"{n} blocks do not fit bucket {bucket} (max {layout.max_blocks})")
     pads = bucket - n
-    starts = list(first_starts) + [0] * pads
-    lens = [b * k for b in num_blocks] + [k] * pads
-    slots = list(req_slots) + [scratch_slot] * pads
+    segs = len(num_blocks) + pads
+    starts, lens, slots = (np.zeros(segs, np.int64) for _ in range(3))
+    starts[:len(first_starts)] = first_starts
+    lens[:len(num_blocks)] = num_blocks
+    lens *= k
+    lens[len(num_blocks):] = k
+    slots[:len(req_slots)] = req_slots
+    slots[len(req_slots):] = scratch_slot
     t_pad = bucket * k
 
     def put(field: str, values: np.ndarray, fill: int) -> None:
@@ -88,12 +98,12 @@ def fill_meta(buf: np.ndarray, layout: MetaLayout, bucket: int, req_slots: list[
         out[:len(values)] = values
         out[len(values):] = fill
 
-    put("positions", np.concatenate([np.arange(s, s + m) for s, m in zip(starts, lens,
-                                                                         strict=True)]), 0)
+    offsets = np.cumsum(lens) - lens  # each segment's first token
+    put("positions", np.arange(t_pad) + np.repeat(starts - offsets, lens), 0)
     put("token_slot", np.repeat(slots, lens), scratch_slot)
-    put("seg_req", np.asarray(slots), scratch_slot)
-    put("seg_starts", np.asarray(starts), 0)
-    put("seg_lens", np.asarray(lens), 0)
+    put("seg_req", slots, scratch_slot)
+    put("seg_starts", starts, 0)
+    put("seg_lens", lens, 0)
     if layout.with_ids:
         assert ids is not None and len(ids) == n * k
         put("ids", ids, pad_id)
