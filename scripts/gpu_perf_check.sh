@@ -99,7 +99,7 @@ stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.p
 # 7. (optional) SDAR (issue 17): the round roofline at SDAR-8B's / SDAR-30B-A3B's shapes (B=16 /
 #    64, prefix ~1k / ~4k), the engine end to end at 64 and 128 requests. Its gpu tests:
 #    TESTS="tests/test_kernels_sdar.py" TEST_FLAGS="-m gpu".
-SDAR_ROOF=(--batch-sizes 16 64 --prefixes 1024 4096 --backends triton+graphs triton --iters 5
+SDAR_ROOF=(--batch-sizes 16 64 --prefixes 1024 4096 --backends triton+graphs --iters 5
            --warmup 2 --profile 64 4096)
 stage sdar_roofline_8b 240 python3 benchmarks/round_roofline.py --preset sdar-8b-shape \
   "${SDAR_ROOF[@]}" --out "$RUN/roofline_sdar_8b.json"
