@@ -8,9 +8,10 @@ GREEDY_TEMPERATURE decode greedily (vLLM's convention): `normalize()` sets them 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import regex
 
 from dllm_serve.request_fields import SAMPLING, check_unused
 
@@ -135,9 +136,10 @@ def _num(x: float) -> str:
 
 
 def _compiles(pattern: str) -> bool:
+    """The pattern compiles with the `regex` package (what the finish check searches with)."""
     try:
-        re.compile(pattern)
-    except (re.error, RecursionError, OverflowError):
+        regex.compile(pattern)
+    except (regex.error, RecursionError, OverflowError, ValueError):
         return False
     return True
 

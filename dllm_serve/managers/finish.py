@@ -7,19 +7,30 @@ strings still end it, as in SGLang). Tokens
 after the finishing one are dropped, so EOS and stop strings truncate inside a block. The
 finishing token is kept in output_ids (SGLang's convention); the front cuts the text at a
 matched stop string or regex match (`matched` holds the matched text).
+
+A stop_regex is searched with the `regex` package under a time limit: a pattern that
+backtracks without end (e.g. `(.*.*)*x$`) would otherwise hold the scheduler forever. One that
+runs past STOP_REGEX_TIMEOUT_S ends its request with a 400 that says so; the others go on.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import numpy as np
+import regex
 
 from dllm_serve.managers.req import Req
 from dllm_serve.utils.text import find_stop
 
 Decode = Callable[[list[int]], str]
+STOP_REGEX_TIMEOUT_S = 0.05  # per search of one output
+
+
+class StopRegexTooSlow(Exception):
+    def __init__(self, pattern: str) -> None:
+        super().__init__(pattern)
+        self.pattern = pattern
 
 
 class FinishChecker:
@@ -36,7 +47,14 @@ class FinishChecker:
             if req.finish_reason is not None:
                 break
         if (req.params.stop or req.params.stop_regex) and self.decode is not None:
-            self._stop_strings(req, start)
+            try:
+                self._stop_strings(req, start)
+            except StopRegexTooSlow as e:
+                req.finish_reason = {
+                    "type": "abort", "status_code": 400,
+                    "message": f"stop_regex {e.pattern!r} took longer than "
+                               f"{1e3 * STOP_REGEX_TIMEOUT_S:.0f} ms to search the output "
+                               f"(runaway backtracking): simplify the pattern"}
         return np.asarray(req.output_ids[start:], dtype=np.int64)
 
     def _token_finish(self, req: Req, token: int) -> dict | None:
@@ -76,5 +94,8 @@ def _find(text: str, stops: list[str], regexes: list[str]) -> tuple[int, str] | 
 
 
 def _search(text: str, pattern: str) -> tuple[int, str] | None:
-    found = re.search(pattern, text)
+    try:
+        found = regex.search(pattern, text, timeout=STOP_REGEX_TIMEOUT_S)
+    except TimeoutError:
+        raise StopRegexTooSlow(pattern) from None
     return None if found is None else (found.start(), found.group(0))
