@@ -27,13 +27,8 @@ OUT=${OUT:-gpu_out}
 RUN=${RUN:-/tmp/gpu_perf_run}  # RUN=$OUT: every log comes back as it is written
 [[ $RUN == "$OUT" ]] || rm -rf "$RUN"
 mkdir -p "$OUT" "$RUN"
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl 2>&1 | tail -3
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+export TRITON_INTERPRET=0
+source "$(dirname "$0")/gpu_env.sh"  # the wheels, PYTHONPATH
 status=0
 STAGES=${STAGES:-tests roofline engine}
 TESTS=${TESTS:-tests/test_no_compile_after_ready.py tests/test_kernels_attention.py \

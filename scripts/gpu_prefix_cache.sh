@@ -13,13 +13,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if [[ -d .whl ]] && ! python3 -c 'import zmq' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl 2>&1 | tail -3
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+source "$(dirname "$0")/gpu_env.sh"  # the wheels, PYTHONPATH
 FAST=(--device cuda --attention-backend triton --moe-backend triton --max-total-tokens 2000000)
 status=0
 run() {  # run NAME SECONDS CMD...: one stage, its own log; a failure does not stop the rest

@@ -32,7 +32,8 @@ class Tracer:
     def __init__(self, path: str, device: torch.device, header: dict[str, Any]) -> None:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.current_stream(device) if self.cuda else None
-        self.out: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 (lives with the worker)
+        # block-buffered: a write per record would cost the busy loop a syscall; settle() flushes
+        self.out: IO[str] = open(path, "a")  # noqa: SIM115 (lives with the worker)
         self.pending: list[tuple[dict[str, Any], Any, Any]] = []
         self.prev_end: Any = None
         now = time.monotonic()
@@ -53,10 +54,12 @@ class Tracer:
         return out
 
     def settle(self) -> None:
-        """Write every pending item (the worker is going idle: waiting costs nothing)."""
+        """Write every pending item and flush the file (the worker is going idle: waiting costs
+        nothing; readers see every record of a run once the worker is idle)."""
         if self.cuda:
             torch.cuda.synchronize()
         self._flush()
+        self.out.flush()
 
     def host(self, t0: float, t1: float, wait_s: float) -> None:
         self._write({"kind": "host", "t0": t0, "t1": t1, "wait_ms": 1e3 * wait_s})
