@@ -63,10 +63,11 @@ def released(e: LocalEngine) -> set[int]:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, fdfo=st.booleans(), wavefront=st.sampled_from([1, 2]),
-       needs=st.lists(st.integers(2, 6), min_size=8, max_size=8))
+       needs=st.lists(st.integers(2, 6), min_size=8, max_size=8), depth=st.sampled_from([1, 2]))
 def test_random_workload_keeps_pools_whole(ops: list[tuple], fdfo: bool, wavefront: int,
-                                           needs: list[int]) -> None:
-    e = scripted_engine(fdfo=fdfo, mrr=3, pages=24, wavefront=wavefront,
+                                           needs: list[int], depth: int) -> None:
+    """depth: forwards the worker keeps queued (2: what a host-bound GPU worker runs)."""
+    e = scripted_engine(fdfo=fdfo, mrr=3, pages=24, wavefront=wavefront, depth=depth,
                         need=lambda start: needs[(start // K) % len(needs)])
     submitted: list[str] = []
     for op in ops:
@@ -103,12 +104,13 @@ def sync_reference(tiny_model_dir: Path) -> dict[tuple[int, int], list[int]]:
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(script=st.lists(st.tuples(st.sampled_from([3, 9, 33, 40]), st.integers(0, 30),
                                  st.sampled_from(["none", "preempt", "abort"])),
-                       min_size=1, max_size=3))
+                       min_size=1, max_size=3), depth=st.sampled_from([1, 2]))
 def test_bs1_with_preemptions_matches_sync(tiny_model_dir: Path, script: list[tuple],
-                                           sync_reference: dict) -> None:
+                                           sync_reference: dict, depth: int) -> None:
     """FDFO at bs=1: a request preempted mid-block (its blocks and algorithm state taken off
-    the device and sent back) still decodes exactly the sync tokens; aborted ones free all."""
-    e = local_engine(tiny_model_dir, "JointThreshold", fdfo=True, mrr=1)
+    the device and sent back) still decodes exactly the sync tokens; aborted ones free all;
+    with two forwards queued too (a converged block's extra forward changes nothing)."""
+    e = local_engine(tiny_model_dir, "JointThreshold", fdfo=True, mrr=1, depth=depth)
     for i, (n, when, event) in enumerate(script):
         rid = f"q{i}"
         e.submit(rid, list(range(5, 5 + n)), max_new_tokens=70, ignore_eos=True)
@@ -127,3 +129,38 @@ def test_bs1_with_preemptions_matches_sync(tiny_model_dir: Path, script: list[tu
         else:
             assert event == "abort"
         e.assert_whole()
+
+
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_two_forwards_ahead_decodes_the_same_tokens(tiny_model_dir: Path, algorithm: str) -> None:
+    """The worker's deeper pipeline (two forwards queued, as on a host-bound GPU) at bs=1:
+    every block takes one extra, no-op forward after it converged, and the tokens and the
+    reported forward counts are those of one forward ahead; then the pools are whole."""
+    runs = {}
+    for depth in (1, 2):
+        e = local_engine(tiny_model_dir, algorithm, fdfo=True, mrr=1, depth=depth)
+        e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
+        e.run()
+        final = e.outputs["r"][-1]
+        runs[depth] = (e.tokens("r"), final.finish_reason, final.block_forwards,
+                       e.sched.stats["request_steps"])
+        e.assert_whole()
+    assert runs[2][:3] == runs[1][:3] and len(runs[1][0]) == 100
+    assert runs[2][3] > runs[1][3]  # the extra forwards were run (and counted as such)
+
+
+def test_pipeline_depth_follows_the_hosts_wait() -> None:
+    """The adaptive depth (CUDA): two forwards ahead once the host stops waiting for readouts
+    (it is the bottleneck), back to one once it waits a millisecond and more on average."""
+    w = scripted_engine().worker
+    w.adaptive = True
+    assert w.depth == 1
+    for _ in range(30):
+        w._adapt(0.0)
+    assert w.depth == 2
+    for _ in range(3):
+        w._adapt(0.0005)
+    assert w.depth == 2  # hysteresis: a few half-millisecond waits do not switch back
+    for _ in range(30):
+        w._adapt(0.005)
+    assert w.depth == 1

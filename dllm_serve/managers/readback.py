@@ -1,7 +1,8 @@
 """`Readback`: copy a step's readout to the host without making the host wait for it.
 
-On CUDA the copy goes into one of two pinned buffers (a forward is launched before the previous
-one's readout is read, so two are in flight at most) and an event marks its end; `Pending.get`
+On CUDA the copy goes into one of a ring of pinned buffers (forwards are launched before the
+previous ones' readouts are read: the worker's pipeline depth + 1 in flight at most) and an
+event marks its end; `Pending.get`
 waits for that event only. On the CPU the readout is already in host memory.
 """
 
@@ -31,9 +32,11 @@ class Pending:
 
 
 class Readback:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, buffers: int = 2) -> None:
+        """buffers: readouts in flight at most (the worker's pipeline depth + 1)."""
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.current_stream(device) if self.cuda else None
+        self.count = buffers
         self.buffers: list[torch.Tensor] = []
         self.turn = 0
 
@@ -42,8 +45,8 @@ class Readback:
         if not self.cuda:
             return Pending(readout, None)
         n, width = readout.shape
-        self.turn ^= 1
-        if len(self.buffers) < 2 or self.buffers[self.turn].shape[0] < n \
+        self.turn = (self.turn + 1) % self.count
+        if len(self.buffers) < self.count or self.buffers[self.turn].shape[0] < n \
                 or self.buffers[self.turn].shape[1] != width:
             self._grow(max(n, 64), width)
         host = self.buffers[self.turn][:n]
@@ -54,4 +57,4 @@ class Readback:
     def _grow(self, rows: int, width: int) -> None:
         torch.cuda.synchronize()  # a copy into the old buffers may still be running
         self.buffers = [torch.empty((2 * rows, width), dtype=torch.int64, pin_memory=True)
-                        for _ in range(2)]
+                        for _ in range(self.count)]

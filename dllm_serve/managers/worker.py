@@ -12,6 +12,13 @@ queued, so they retire right after it and their places (the request's next block
 request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
 requests join (dllm/modes.py).
 
+Pipeline depth: on CUDA, when the host is the bottleneck (a readout is already there whenever
+the host comes for it: small models, many requests), the worker keeps two forwards queued
+instead of one, so the host's bookkeeping for forward k overlaps forwards k + 1 and k + 2. A
+converged block then takes part in one more forward before it leaves (a no-op: a step changes
+nothing in a block that is done on entry, and the reported forward count is its final one).
+When the device is the bottleneck (the host waits for readouts), it goes back to one.
+
 A failure inside one request (non-finite logits, no convergence within the algorithm's step
 bound, an exception in its step) fails that request alone; anything else (a CUDA error, a bug)
 propagates and stops the worker.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +59,9 @@ from dllm_serve.model.runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 0.02  # counters reach the scheduler at least this often while busy
+# Pipeline depth (CUDA): the moving average of the host's wait for a readout; under LOW the
+# host is the bottleneck (go to two forwards ahead), over HIGH the device is (back to one).
+WAIT_LOW_S, WAIT_HIGH_S, WAIT_EMA = 5e-5, 1e-3, 0.2
 CONVERGED, READY, BAD, EDITS = (FLAGS.index(f) for f in ("converged", "ready", "bad", "edits"))
 
 
@@ -67,9 +78,11 @@ class Launch:
 class Worker:
     def __init__(self, runner: ModelRunner, algo: DllmAlgorithm, mode: RoundMode,
                  tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S,
-                 max_prefill_tokens: int = 4096) -> None:
+                 max_prefill_tokens: int = 4096, depth: int | None = None) -> None:
         """max_prefill_tokens: prefills that arrive together are merged into forwards of at
-        most this many tokens (--chunked-prefill-size)."""
+        most this many tokens (--chunked-prefill-size). depth: forwards kept queued while the
+        host reads the oldest back; None: adaptive on CUDA (1 or 2), 1 elsewhere (a forward on
+        the CPU runs while it is launched: nothing to overlap)."""
         self.runner, self.algo, self.mode = runner, algo, mode
         self.k = runner.block_size
         tau = mode.wavefront.token_threshold
@@ -82,12 +95,16 @@ class Worker:
         self.batch = ResidentBatch(algo, self.storage)
         runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
                        self.k + len(FLAGS))
-        self.readback = Readback(runner.device)
+        cuda = runner.device.type == "cuda"
+        self.adaptive = depth is None and cuda
+        self.depth = depth or 1
+        self.wait_avg = WAIT_HIGH_S  # start at one forward ahead
+        self.readback = Readback(runner.device, buffers=max(self.depth, 2) + 1)
         self.tracer = tracer
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
-        self.inflight: Launch | None = None
+        self.inflight: deque[Launch] = deque()  # oldest first
         self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
         self.report = ReportBuilder(report_every_s)
@@ -99,7 +116,7 @@ class Worker:
     @property
     def idle(self) -> bool:
         """Nothing on the device and nothing in flight: wait for the scheduler."""
-        return self.batch.num_rows == 0 and self.inflight is None and not self.waiting
+        return self.batch.num_rows == 0 and not self.inflight and not self.waiting
 
     # ---- one iteration ------------------------------------------------------------------
 
@@ -111,9 +128,10 @@ class Worker:
             self.apply(item)
         self.join()
         launched = self.launch() if self.batch.num_rows else None
-        if self.inflight is not None:
-            self.collect(self.inflight)
-        self.inflight = launched
+        if launched is not None:
+            self.inflight.append(launched)
+        while self.inflight and (launched is None or len(self.inflight) > self.depth):
+            self.collect(self.inflight.popleft())
         self.join()
         return self.report.take(self.idle)
 
@@ -210,7 +228,7 @@ class Worker:
         what must fail, then retire and open blocks as the mode says."""
         t0 = time.monotonic()
         data = launch.readout.get()
-        self.wait_s += time.monotonic() - t0
+        self._adapt(time.monotonic() - t0)
         for req in launch.failed:
             self.fail(req, "the decoding algorithm raised an error while stepping this request")
         k = self.k
@@ -223,6 +241,17 @@ class Worker:
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
         self._advance()
+
+    def _adapt(self, wait: float) -> None:
+        """Count the wait; on CUDA choose the depth from its moving average (hysteresis)."""
+        self.wait_s += wait
+        if not self.adaptive:
+            return
+        self.wait_avg += WAIT_EMA * (wait - self.wait_avg)
+        if self.depth == 1 and self.wait_avg < WAIT_LOW_S:
+            self.depth = 2
+        elif self.depth == 2 and self.wait_avg > WAIT_HIGH_S:
+            self.depth = 1
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k
