@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompts-per-slot", type=int, default=1,
                    help="P x C prompts per run, at most C in flight (default 1: C at once)")
+    p.add_argument("--pipeline-depth", default="1", choices=["1", "2", "auto"],
+                   help="the worker's --dllm-pipeline-depth in every setting")
     p.add_argument("--out", default=None, help="JSON results")
     return p.parse_args(argv)
 
@@ -108,7 +110,8 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
                   yaml_path: str | None) -> dict[str, Any]:
     mrr = max(setting.concurrency)
     kw: dict[str, Any] = {"device": ns.device, "max_running_requests": mrr,
-                          "log_level": "warning", **setting.engine}
+                          "log_level": "warning", "dllm_pipeline_depth": ns.pipeline_depth,
+                          **setting.engine}
     if suite.algorithm is not None:
         kw.update(dllm_algorithm=suite.algorithm)
     if suite.mini:

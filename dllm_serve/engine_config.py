@@ -26,6 +26,7 @@ class WorkerConfig:
     dllm: DllmConfig
     mode: RoundMode
     log_level: str = "info"
+    depth: int | None = 1  # the worker's pipeline depth; None: adaptive on CUDA
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class EngineConfig:
             max_running_requests=a.max_running_requests,
             cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks,
             chunked_prefill_size=a.chunked_prefill_size)
-        return WorkerConfig(runner, self.dllm, self.mode, a.log_level)
+        depth = None if a.dllm_pipeline_depth == "auto" else int(a.dllm_pipeline_depth)
+        return WorkerConfig(runner, self.dllm, self.mode, a.log_level, depth)
 
     def scheduler(self) -> SchedulerProcConfig:
         a = self.args

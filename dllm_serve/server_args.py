@@ -18,6 +18,9 @@ LOAD_FORMATS = ("auto", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+PIPELINE_DEPTHS = ("1", "2", "auto")
+
+
 def _f(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
@@ -42,6 +45,11 @@ class ServerArgs:
         boolean=True)
     dllm_wavefront_size: int = _f(
         2, "FlowBlock wavefront: most blocks per request denoised at once (1 = block by block).")
+    dllm_pipeline_depth: str = _f(
+        "1", "Forwards the worker keeps queued on the GPU while it reads the oldest back: 1, 2, or "
+        "auto (2 while the host is the bottleneck, as with a small model and many requests; 1 "
+        "when the device is). With 2 a finished block takes one extra, no-op forward.",
+        choices=PIPELINE_DEPTHS)
     dllm_spawn_threshold: float = _f(
         0.6, "Wavefront: open the next block when this share of the frontier block's masked "
         "positions is confident.")
@@ -152,7 +160,8 @@ class ServerArgs:
                "--dllm-wavefront-lockstep advances all requests together; use it with "
                "--no-dllm-fdfo")
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS),
-                              ("load_format", LOAD_FORMATS)):
+                              ("load_format", LOAD_FORMATS),
+                              ("dllm_pipeline_depth", PIPELINE_DEPTHS)):
             value = getattr(self, name)
             _check(value in allowed, f"--{name.replace('_', '-')} must be one of "
                    f"{', '.join(allowed)}, got {value!r}")

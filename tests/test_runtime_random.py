@@ -164,3 +164,16 @@ def test_pipeline_depth_follows_the_hosts_wait() -> None:
     for _ in range(30):
         w._adapt(0.005)
     assert w.depth == 1
+
+
+def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> None:
+    from dllm_serve.engine_config import EngineConfig
+    from dllm_serve.server_args import ServerArgs
+
+    def depth(value: str) -> int | None:
+        args = ServerArgs(model_path=str(tiny_model_dir), device="cpu", dllm_pipeline_depth=value)
+        return EngineConfig.resolve(args).worker().depth
+
+    assert (depth("1"), depth("2"), depth("auto")) == (1, 2, None)
+    with pytest.raises(ValueError, match="--dllm-pipeline-depth must be one of 1, 2, auto"):
+        depth("3")
