@@ -14,8 +14,9 @@
 #
 # Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
 # and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
-# the attention kernel's launch sweep (benchmarks/attention_tune.py); runtime_default and
-# runtime_mini, the runtime's benchmarks (benchmarks/runtime_bench.py, issue 12); sdar_roofline_8b,
+# the attention kernel's launch sweep (benchmarks/attention_tune.py); runtime_default,
+# runtime_depth (the same at --dllm-pipeline-depth auto) and runtime_mini, the runtime's
+# benchmarks (benchmarks/runtime_bench.py, issue 12); sdar_roofline_8b,
 # sdar_roofline_30b, sdar_engine_8b, sdar_engine_30b (issue 17).
 #
 # The GPU image lacks pyzmq (the engine's IPC): wheels staged here by
@@ -86,6 +87,11 @@ stage attention 150 python3 benchmarks/attention_tune.py --out "$RUN/attention_t
 # shellcheck disable=SC2086
 stage runtime_default ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py \
   ${RUNTIME_ARGS:---suite default-model default-heldout} --out "$RUN/runtime_default.json"
+# the same with the worker's adaptive pipeline depth (--dllm-pipeline-depth auto), to compare
+# shellcheck disable=SC2086
+stage runtime_depth ${RUNTIME_LIMIT:-300} python3 benchmarks/runtime_bench.py \
+  ${RUNTIME_ARGS:---suite default-model default-heldout} --pipeline-depth auto \
+  --out "$RUN/runtime_depth_auto.json"
 # shellcheck disable=SC2086
 stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.py \
   ${RUNTIME_MINI_ARGS:---suite mini-lognormal mini-histogram --repeats 2} \
@@ -128,7 +134,7 @@ stage sdar_engine_30b 300 python3 benchmarks/engine_gpu.py --preset sdar-30b-a3b
 if [[ $RUN != "$OUT" ]]; then
   cp "$RUN/summary.md" "$OUT/"
   for f in tests.log roofline.json engine_gpu.json attention_tune.json runtime_default.json \
-    runtime_mini.json; do
+    runtime_depth_auto.json runtime_mini.json; do
     [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
   done
   tar -czf "$OUT/all.tar.gz" -C "$RUN" .
