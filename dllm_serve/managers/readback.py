@@ -3,7 +3,8 @@
 On CUDA the copy goes into one of a ring of pinned buffers (forwards are launched before the
 previous ones' readouts are read: the worker's pipeline depth + 1 in flight at most) and an
 event marks its end; `Pending.get`
-waits for that event only. On the CPU the readout is already in host memory.
+waits for that event only. On the CPU the readout is copied at once (it may live in a
+static buffer that the next forward, launched before it is read, rewrites).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class Readback:
 
     def start(self, readout: torch.Tensor) -> Pending:
         """Begin copying readout (n, width) int64 to the host."""
-        if not self.cuda:
-            return Pending(readout, None)
+        if not self.cuda:  # a copy: the readout may be a static buffer the next step rewrites
+            return Pending(readout.clone(), None)
         n, width = readout.shape
         self.turn = (self.turn + 1) % self.count
         if len(self.buffers) < self.count or self.buffers[self.turn].shape[0] < n \
