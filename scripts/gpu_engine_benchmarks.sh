@@ -10,18 +10,9 @@
 #
 #   bash scripts/gpu_engine_benchmarks.sh            # device tool: carry [".whl"]
 set -u -o pipefail
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/gpu_env.sh"  # the wheels, PYTHONPATH
-FAST=(--device cuda --attention-backend triton --moe-backend triton --max-total-tokens 2000000)
+RUN_TAIL=14
+source "$(dirname "$0")/gpu_env.sh"  # the wheels, PYTHONPATH, OUT, FAST, run()
 HELD=benchmarks/results/default_model/heldout_seed7_256.jsonl
-status=0
-run() {  # run NAME SECONDS CMD...: one stage, its own log; a failure does not stop the rest
-  local name=$1 limit=$2; shift 2
-  echo "== $name"
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "   exit $?"; status=1; }
-  tr '\r' '\n' < "$OUT/$name.log" | grep -v '%|' | tail -n 14
-}
 run fdfo_vs_sync 220 python3 -m benchmarks.offline_throughput "${FAST[@]}" --num-prompts 128 \
   --max-new-tokens 128 --modes sync fdfo --max-running-requests 4 16 32 --repeats 3 \
   --output "$OUT/fdfo_vs_sync.json"

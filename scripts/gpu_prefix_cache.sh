@@ -11,17 +11,8 @@
 #
 #   bash scripts/gpu_prefix_cache.sh            # device tool: carry [".whl"]
 set -u -o pipefail
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/gpu_env.sh"  # the wheels, PYTHONPATH
-FAST=(--device cuda --attention-backend triton --moe-backend triton --max-total-tokens 2000000)
-status=0
-run() {  # run NAME SECONDS CMD...: one stage, its own log; a failure does not stop the rest
-  local name=$1 limit=$2; shift 2
-  echo "== $name"
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "   exit $?"; status=1; }
-  tr '\r' '\n' < "$OUT/$name.log" | grep -v '%|' | tail -n 8
-}
+RUN_TAIL=8
+source "$(dirname "$0")/gpu_env.sh"  # the wheels, PYTHONPATH, OUT, FAST, run()
 for ALGO in LowConfidence JointThreshold; do
   run "prefix_cache_gsm8k_$ALGO" 150 python3 -m benchmarks.prefix_cache gsm8k "${FAST[@]}" \
     --dllm-algorithm "$ALGO" --dllm-wavefront-size 1 --max-running-requests 16 \

@@ -100,7 +100,8 @@ class Worker:
         self.adaptive = depth is None and cuda
         self.depth = depth or 1
         self.wait_avg = WAIT_HIGH_S  # start at one forward ahead
-        self.readback = Readback(runner.device, buffers=max(self.depth, 2) + 1)
+        most = 2 if self.adaptive else self.depth  # the deepest this worker goes
+        self.readback = Readback(runner.device, buffers=most + 1)
         self.tracer = tracer
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)

@@ -83,13 +83,13 @@ def fill_meta(buf: np.ndarray, layout: MetaLayout, bucket: int, req_slots: list[
         raise ValueError(f"{n} blocks do not fit bucket {bucket} (max {layout.max_blocks})")
     pads = bucket - n
     segs = len(num_blocks) + pads
-    starts, lens, slots = (np.zeros(segs, np.int64) for _ in range(3))
-    starts[:len(first_starts)] = first_starts
-    lens[:len(num_blocks)] = num_blocks
-    lens *= k
-    lens[len(num_blocks):] = k
-    slots[:len(req_slots)] = req_slots
-    slots[len(req_slots):] = scratch_slot
+    real = len(num_blocks)  # segments: the real ones, then one pad block each
+    starts = np.zeros(segs, np.int64)
+    starts[:real] = first_starts
+    lens = np.full(segs, k, np.int64)
+    lens[:real] = np.asarray(num_blocks, np.int64) * k
+    slots = np.full(segs, scratch_slot, np.int64)
+    slots[:real] = req_slots
     t_pad = bucket * k
 
     def put(field: str, values: np.ndarray, fill: int) -> None:
