@@ -150,19 +150,19 @@ class ResidentBatch:
         old = self.current
         if old is not None and _same_shape(old, reqs, rows):
             return self._renew(old, rows)
-        fresh = [b for b in rows if b.row < 0]
-        n_old = len(old.rows) if old is not None else 0
-        index = np.empty(len(rows), dtype=np.int64)
-        steps = np.empty(len(rows), dtype=np.int64)
-        f = 0
-        for i, b in enumerate(rows):
-            if b.row >= 0:
-                index[i], steps[i] = b.row, old.steps[b.row]  # type: ignore[union-attr]
-            else:
-                index[i], steps[i], f = n_old + f, b.init_steps, f + 1
         if len(rows) > self.storage.capacity:
             raise RuntimeError(f"{len(rows)} active blocks exceed the worker's row storage "
                                f"({self.storage.capacity})")
+        n_old = len(old.rows) if old is not None else 0
+        index = np.fromiter((b.row for b in rows), np.int64, len(rows))  # old row, -1: fresh
+        is_fresh = index < 0
+        fresh = [b for b in rows if b.row < 0]
+        steps = np.empty(len(rows), dtype=np.int64)
+        kept = ~is_fresh
+        if old is not None:
+            steps[kept] = old.steps[index[kept]]
+        steps[is_fresh] = [b.init_steps for b in fresh]
+        index[is_fresh] = n_old + np.arange(len(fresh))
         self.storage.write(*self._gather(old, fresh, index))
         self._retire_layout(old)
         for i, b in enumerate(rows):
@@ -170,15 +170,16 @@ class ResidentBatch:
         for r in reqs:
             r.in_layout = True
         counts = [len(r.blocks) for r in reqs]
+        seeds = [r.settings.seed for r in reqs]
         self.storage.write_meta(np.repeat(np.arange(len(reqs)), counts),
-                                np.array([b.start for b in rows], dtype=np.int64),
-                                np.repeat([r.settings.seed for r in reqs], counts),
+                                np.fromiter((b.start for b in rows), np.int64, len(rows)),
+                                np.repeat(np.asarray(seeds, dtype=np.int64), counts),
                                 self._params(reqs))
         ids, state = self.storage.views(len(rows))
         batch = DenoiseBatch(
             block_ids=ids, num_blocks=counts, first_starts=[r.first_start for r in reqs],
             temperatures=[r.settings.temperature for r in reqs],
-            top_ps=[r.settings.top_p for r in reqs], seeds=[r.settings.seed for r in reqs],
+            top_ps=[r.settings.top_p for r in reqs], seeds=seeds,
             params=self.storage.req_params, block_steps=steps,
             top_ks=[r.settings.top_k for r in reqs], min_ps=[r.settings.min_p for r in reqs])
         n = len(rows)
@@ -191,11 +192,10 @@ class ResidentBatch:
         """The same requests with the same block counts, surviving blocks in place (FDFO's
         common case: a request's finished block replaced by its next one): only the rows of
         new blocks are written, in place; a new Layout (in-flight launches keep the old)."""
-        at = np.array([i for i, b in enumerate(rows) if b.row < 0], dtype=np.int64)
-        fresh = [rows[i] for i in at]
-        ids = to_device(np.stack([b.init_ids for b in fresh]).astype(np.int64), self.device)
-        state = self._fresh_state(ids, fresh)
-        self.storage.write_rows(at, ids, state, np.array([b.start for b in fresh]))
+        fresh = [b for b in rows if b.row < 0]
+        at = np.fromiter((i for i, b in enumerate(rows) if b.row < 0), np.int64, len(fresh))
+        self.storage.write_rows(at, _init_ids(fresh), [b.init_state for b in fresh],
+                                np.fromiter((b.start for b in fresh), np.int64, len(fresh)))
         steps = old.steps.copy()
         steps[at] = [b.init_steps for b in fresh]
         for r in old.reqs:
@@ -224,12 +224,12 @@ class ResidentBatch:
 
     def _gather(self, old: Layout | None, fresh: list[Block], index: np.ndarray,
                 ) -> tuple[torch.Tensor, State | None]:
-        """ids (N, K) and state of the new row order: rows of `old` then `fresh`, by index."""
-        k, dev = self.k, self.device
-        new_ids = to_device(np.stack([b.init_ids for b in fresh]).astype(np.int64) if fresh
-                            else np.zeros((0, k), np.int64), dev)
-        new_state = self._fresh_state(new_ids, fresh)
-        idx = to_device(index, dev)
+        """ids (N, K) and state of the new row order: rows of `old` then `fresh`, by index
+        (one host-to-device copy: the index and the fresh blocks' ids together)."""
+        n, m = len(index), len(fresh)
+        packed = to_device(np.concatenate([index, _init_ids(fresh).reshape(-1)]), self.device)
+        idx, new_ids = packed[:n], packed[n:].view(m, self.k)
+        new_state = self.storage.fresh_state(new_ids, [b.init_state for b in fresh])
         if old is None or not old.rows:
             return new_ids[idx], (None if new_state is None
                                   else {key: v[idx] for key, v in new_state.items()})
@@ -237,17 +237,6 @@ class ResidentBatch:
         if new_state is None or old.state is None:
             return ids, None
         return ids, {key: torch.cat([old.state[key], new_state[key]])[idx] for key in new_state}
-
-    def _fresh_state(self, ids: torch.Tensor, fresh: list[Block]) -> State | None:
-        """State for the new rows: fresh from the algorithm, carried values where a resumed
-        block brought its own."""
-        state = self.algo.init_step_state(ids)
-        if state is None:
-            return None
-        for i, block in enumerate(fresh):
-            for key, value in (block.init_state or {}).items():
-                state[key][i] = to_device(np.asarray(value), ids.device)
-        return state
 
     def _params(self, reqs: list[DeviceReq]) -> np.ndarray:
         """(P, B) per-request values of the algorithm's request_params (defaults where unset)."""
@@ -272,6 +261,13 @@ class ResidentBatch:
                 ids.append(np.asarray(b.init_ids))
                 states.append(b.init_state)
         return np.stack(ids), states
+
+
+def _init_ids(blocks: list[Block]) -> np.ndarray:
+    """(M, K) int64: the blocks' ids before they are on the device."""
+    if not blocks:
+        return np.zeros((0, 0), np.int64)
+    return np.stack([b.init_ids for b in blocks]).astype(np.int64, copy=False)
 
 
 def _same_shape(old: Layout, reqs: list[DeviceReq], rows: list[Block]) -> bool:

@@ -19,6 +19,7 @@ import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
+from dllm_serve.managers.messages import RowState
 from dllm_serve.utils.device import to_device
 
 
@@ -47,23 +48,42 @@ class RowStorage:
             for key, value in state.items():
                 self.state[key][:n].copy_(value)
 
-    def write_rows(self, at: np.ndarray, ids: torch.Tensor, state: State | None,
+    def write_rows(self, at: np.ndarray, ids: np.ndarray, states: list[RowState | None],
                    starts: np.ndarray) -> None:
-        """Rows `at` (M,) := ids (M, K), state (M, ...) and block starts (M,); the rest stay."""
-        idx = to_device(at.astype(np.int64), self.device)
-        self.ids[idx] = ids
+        """Rows `at` (M,) := ids (M, K) (host), fresh state (or a resumed block's own, from
+        states) and block starts (M,); the other rows stay. One host-to-device copy."""
+        m = len(at)
+        if m == 0:
+            return
+        packed = to_device(np.concatenate([at, starts, ids.reshape(-1)]), self.device)
+        idx, new_ids = packed[:m], packed[2 * m:].view(m, self.k)
+        self.ids.index_copy_(0, idx, new_ids)
+        self.row_start.index_copy_(0, idx, packed[m:2 * m])
+        state = self.fresh_state(new_ids, states)
         if state is not None and self.state is not None:
             for key, value in state.items():
-                self.state[key][idx] = value
-        self.row_start[idx] = to_device(starts.astype(np.int64), self.device)
+                self.state[key].index_copy_(0, idx, value)
+
+    def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
+        """State for new rows with ids (M, K): fresh from the algorithm, carried values where
+        a resumed block brought its own (states[i] not None)."""
+        state = self.algo.init_step_state(ids)
+        if state is None:
+            return None
+        for i, carried in enumerate(states):
+            for key, value in (carried or {}).items():
+                state[key][i] = to_device(np.asarray(value), ids.device)
+        return state
 
     def write_meta(self, row_req: np.ndarray, row_start: np.ndarray, row_seed: np.ndarray,
                    params: np.ndarray) -> None:
         """Per-row request index, block start and seed (N,); per-request params (P, B)."""
         n, b = len(row_req), params.shape[1]
-        meta = np.stack([row_req, row_start, row_seed]).astype(np.int64)
-        self.rows_meta[:, :n].copy_(to_device(meta, self.device))
-        self.row_req[n:] = b  # padding rows: a request of their own (never read back)
+        cap = self.capacity
+        meta = np.zeros((3, cap), dtype=np.int64)
+        meta[0, n:] = b  # padding rows: a request of their own (never read back)
+        meta[0, :n], meta[1, :n], meta[2, :n] = row_req, row_start, row_seed
+        self.rows_meta.copy_(to_device(meta, self.device))
         if params.size:
             self.params[:, :b].copy_(to_device(params, self.device))
 

@@ -1,8 +1,9 @@
 """Bucketed static forwards, and CUDA graphs of them: the base of prefill and denoise forwards.
 
-`BucketedForwards` owns the static metadata (graph_layout.py: one pinned host buffer, one device
-buffer, one host-to-device copy per forward) and one `StaticForward` per bucket: a ForwardBatch
-over prefixes of the static buffers with a fixed attention plan, so each bucket launches the
+`BucketedForwards` owns the static metadata (graph_layout.py: pinned host buffers in turn, one
+device buffer, one host-to-device copy per forward) and one `StaticForward` per bucket: a
+ForwardBatch over prefixes of the static buffers with a fixed attention plan, so each bucket
+launches the
 same kernels with the same arguments every time. `capture` records each bucket's work in a CUDA
 graph (largest bucket first, after warm-up runs on a side stream, every graph of the runner in
 one private memory pool: only one runs at a time); `warm_up` runs each bucket's work once
@@ -31,6 +32,7 @@ from dllm_serve.utils.device import record_event
 logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # runs before a capture (compile, allocator, cuBLAS workspaces)
+HOST_BUFFERS = 4  # pinned metadata buffers in turn (the worker queues at most two forwards)
 
 
 @dataclass
@@ -84,9 +86,15 @@ class BucketedForwards:
         self.layout, self.buckets = layout, buckets
         self.scratch_slot, self.pad_id = scratch_slot, pad_id
         dev = kv.req_to_page.device
-        self.host = torch.zeros(layout.size, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        # HOST_BUFFERS pinned host buffers taken in turn: a fill waits only for the copy out of
+        # the buffer it reuses, issued HOST_BUFFERS fills earlier (with two forwards queued the
+        # previous fill's copy has not run yet)
+        pinned = dev.type == "cuda"
+        self.hosts = [torch.zeros(layout.size, dtype=torch.int64, pin_memory=pinned)
+                      for _ in range(HOST_BUFFERS)]
+        self.copied: list[torch.cuda.Event | None] = [None] * HOST_BUFFERS  # copy out of each
+        self.turn = 0
         self.meta = torch.zeros(layout.size, dtype=torch.int64, device=dev)
-        self.copied: torch.cuda.Event | None = None  # the last metadata copy (host buffer busy)
         self.stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None  # fills'
         self.ids = self.field("ids", layout.max_tokens) if ids is None else ids.view(-1)
         self.forwards = {b: self._static_forward(b) for b in buckets}
@@ -112,13 +120,15 @@ class BucketedForwards:
     def fill(self, bucket: int, req_slots: list[int], first_starts: list[int],
              num_blocks: list[int], ids: np.ndarray | None = None) -> None:
         """The metadata of one forward (padded to `bucket`), copied to the device."""
-        if self.copied is not None:
-            self.copied.synchronize()  # the previous copy still reads the host buffer
-        fill_meta(self.host.numpy(), self.layout, bucket, req_slots, first_starts, num_blocks,
+        self.turn = (self.turn + 1) % HOST_BUFFERS
+        host, copied = self.hosts[self.turn], self.copied[self.turn]
+        if copied is not None:
+            copied.synchronize()  # its last copy may still read it
+        fill_meta(host.numpy(), self.layout, bucket, req_slots, first_starts, num_blocks,
                   self.attn.tokens_per_tile, self.scratch_slot, ids, self.pad_id)
-        self.meta.copy_(self.host, non_blocking=True)
+        self.meta.copy_(host, non_blocking=True)
         if self.stream is not None:
-            self.copied = record_event(self.stream)
+            self.copied[self.turn] = record_event(self.stream)
 
     def hidden(self, static: StaticForward) -> torch.Tensor:
         """The bucket's model forward (KV slots of the tokens, then the layers) -> (T_pad,

@@ -1,0 +1,148 @@
+"""The worker's host work per forward, without a model (issue 12): what the Python around a
+forward costs when requests join and leave every few forwards.
+
+    python benchmarks/worker_host.py                      # FDFO and sync at 16 and 64 running
+    python benchmarks/worker_host.py --profile /tmp/wh    # + a cProfile of each setting
+
+The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the
+CPU; the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after
+writing the bucketed path's metadata (graph_layout.fill_meta, what a CUDA-graph forward needs
+from the host); the algorithm is benchmarks/scheduled_denoise.py's ScheduledDenoise (each block
+takes a lognormal number of forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per
+running slot. Reported per setting: worker host ms per forward (time inside Worker.iterate over
+denoise forwards), scheduler ms per forward, forwards. On a GPU the forward runs asynchronously,
+so the worker's host time is what must stay under one forward's device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from local_engine import FakeRunner, LocalEngine  # noqa: E402
+
+from benchmarks.common import write_json  # noqa: E402
+from benchmarks.scheduled_denoise import ScheduledConfig, ScheduledDenoise  # noqa: E402
+from dllm_serve.dllm.modes import RoundMode  # noqa: E402
+from dllm_serve.dllm.wavefront import WavefrontConfig  # noqa: E402
+from dllm_serve.managers.finish import FinishChecker  # noqa: E402
+from dllm_serve.managers.scheduler import Scheduler  # noqa: E402
+from dllm_serve.managers.scheduler_config import SchedulerConfig  # noqa: E402
+from dllm_serve.managers.worker import Worker  # noqa: E402
+from dllm_serve.model.denoise_run import DenoiseRun  # noqa: E402
+from dllm_serve.model.graph_layout import MetaLayout, fill_meta  # noqa: E402
+
+K, MASK, EOS, VOCAB = 32, 15, 14, 16
+
+
+class MetaRunner(FakeRunner):
+    """FakeRunner whose prepare_denoise also writes the bucketed path's metadata."""
+
+    def __init__(self, num_pages: int, page_size: int, max_requests: int) -> None:
+        super().__init__(K, num_pages, page_size, VOCAB)
+        self.max_requests = max_requests
+        self.layout = MetaLayout(256, K, 1)
+        self.buf = np.zeros(self.layout.size, dtype=np.int64)
+
+    def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
+                        block_ids: torch.Tensor) -> DenoiseRun:
+        n = sum(num_blocks)
+        bucket = 1 << max(0, (n - 1).bit_length())
+        fill_meta(self.buf, self.layout, bucket, slots, first_starts, num_blocks, K, 255)
+        logits = torch.zeros(block_ids.numel(), VOCAB)
+        return DenoiseRun(lambda: logits)
+
+
+def engine(running: int, fdfo: bool, depth: int) -> LocalEngine:
+    pages = running * 16
+    cfg = SchedulerConfig(block_size=K, mask_id=MASK, fdfo=fdfo, max_running_requests=running,
+                          max_queued_requests=None, chunked_prefill_size=4096, num_pages=pages,
+                          page_size=K, wavefront_size=1, radix_cache=False)
+    algo = ScheduledDenoise(ScheduledConfig(), K, MASK)
+    runner = MetaRunner(pages, K, running)
+    worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(1)),  # type: ignore[arg-type]
+                    report_every_s=0.0, max_prefill_tokens=4096, depth=depth)
+    return LocalEngine(Scheduler(cfg, FinishChecker({EOS}, None)), worker)
+
+
+def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
+            seed: int) -> dict[str, Any]:
+    e = engine(running, fdfo, depth)
+    rng = np.random.default_rng(seed)
+    for i in range(running * per_slot):
+        prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
+        e.submit(f"r{i}", prompt, max_new_tokens=new_tokens, ignore_eos=True, seed=i)
+    worker_s = sched_s = 0.0
+    iterate = e.worker.iterate
+
+    def timed_iterate(items: list[Any]) -> Any:
+        nonlocal worker_s
+        t0 = time.perf_counter()
+        try:
+            return iterate(items)
+        finally:
+            worker_s += time.perf_counter() - t0
+
+    e.worker.iterate = timed_iterate  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    steps = 0
+    while e.step():
+        steps += 1
+    wall = time.perf_counter() - t0
+    sched_s = wall - worker_s
+    forwards = sum(r.forwards for r in e.reports)
+    done = sum(1 for outs in e.outputs.values() if outs and outs[-1].finished)
+    return {"running": running, "mode": "fdfo" if fdfo else "sync", "depth": depth,
+            "requests": running * per_slot, "finished": done, "forwards": forwards,
+            "worker_host_ms_per_forward": 1e3 * worker_s / max(forwards, 1),
+            "scheduler_ms_per_forward": 1e3 * sched_s / max(forwards, 1),
+            "wall_s": wall}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--running", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--modes", nargs="+", default=["fdfo", "sync"], choices=["fdfo", "sync"])
+    ap.add_argument("--depth", type=int, default=1)
+    ap.add_argument("--prompts-per-slot", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", help="write cProfile stats to PREFIX.<mode>.<running>")
+    ap.add_argument("--out", help="JSON results")
+    ns = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    for running in ns.running:
+        for mode in ns.modes:
+            args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens,
+                    ns.seed)
+            if ns.profile:
+                import cProfile
+
+                prof = cProfile.Profile()
+                row = prof.runcall(measure, *args)
+                prof.dump_stats(f"{ns.profile}.{mode}.{running}")
+            else:
+                row = measure(*args)
+            rows.append(row)
+            print(f"{row['mode']:5s} running={running:3d} depth={ns.depth}: worker host "
+                  f"{row['worker_host_ms_per_forward']:.3f} ms/forward, scheduler "
+                  f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
+                  f"{row['finished']}/{row['requests']} finished", flush=True)
+    if ns.out:
+        write_json(ns.out, {"benchmark": "worker_host", "config": vars(ns), "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
