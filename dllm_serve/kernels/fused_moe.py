@@ -6,7 +6,7 @@
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
    assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I);
 4. `_down_kernel`: per (block, N tile) y = (h @ down^T) * routing weight -> (A, hidden) fp32;
-5. the K choices of each token are summed in fp32 (torch), cast to x.dtype.
+5. `_sum_kernel`: the K rows of each token summed in fp32, in order, cast to x.dtype (one pass).
 Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
 of assignments (benchmarks/moe_tune.py measures the candidates).
 Program ids run the blocks of one N tile consecutively, so the blocks of one expert (same
@@ -27,7 +27,7 @@ from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
-from dllm_serve.kernels.runtime import check_device, interpreted
+from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route
 
@@ -44,6 +44,7 @@ class MoeLaunch:
     num_stages: int
 
 
+SUM_BLOCK = 1024  # hidden columns per program of the choice sum
 DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 
 # The launch table, the one place to edit after benchmarks/moe_tune.py (which prints rows in
@@ -85,7 +86,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     up, down = launches or choose_moe_launches(t * k)
     h = up_proj(x, w13, blocks, k, up)  # (A, I)
     y = down_proj(h, w2, topk_weights, blocks, down)  # (A, hidden) fp32
-    return y.view(t, k, hidden).sum(1).to(x.dtype)
+    return sum_choices(y, k, x.dtype)
 
 
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
@@ -117,6 +118,18 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
         blocks.num_slots, w2.stride(0), blocks.max_blocks, a, hidden, inter,
         **launch_args(blocks, launch))
     return y
+
+
+def sum_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """y (T * top_k, hidden) fp32 -> (T, hidden) in dtype: each token's top_k rows summed in
+    fp32 in choice order (deterministic: no atomics), cast once. One pass over y; equal to
+    `y.view(T, top_k, hidden).sum(1).to(dtype)` within fp32 rounding."""
+    a, hidden = y.shape
+    out = torch.empty(a // top_k, hidden, dtype=dtype, device=y.device)
+    block = min(SUM_BLOCK, next_pow2(hidden))
+    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](y, out, hidden, TOP_K=top_k,
+                                                           BLOCK=block, num_warps=4)
+    return out
 
 
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
@@ -187,3 +200,15 @@ def _down_kernel(H, W2, Y, Weights, SortedRows, BlockExpert, NumSlots, stride_we
             acc += dot(a, wt, DOT_F32)
         acc = acc * tl.load(Weights + rows, mask=valid, other=0.0)[:, None]
         tl.store(Y + rows[:, None] * hidden + n[None, :], acc, mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_kernel(Y, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, n] = sum over j < TOP_K of y[t * TOP_K + j, n], accumulated in j order."""
+    tok = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
+    mask = n < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(Y + (tok * TOP_K + j) * hidden + n, mask=mask, other=0.0)
+    tl.store(Out + tok * hidden + n, acc.to(Out.dtype.element_ty), mask=mask)
