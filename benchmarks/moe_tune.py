@@ -217,12 +217,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = torch.device(ns.device)
     check_runnable(device)
     shape = preset_shape(ns.preset)
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     dtype = DTYPES[ns.dtype]
-    w13 = (0.02 * torch.randn(shape.experts, 2 * shape.inter, shape.hidden, generator=gen)
-           ).to(device, dtype)
-    w2 = (0.02 * torch.randn(shape.experts, shape.hidden, shape.inter, generator=gen)
-          ).to(device, dtype)
+    w13 = 0.02 * torch.randn(shape.experts, 2 * shape.inter, shape.hidden, generator=gen,
+                             device=device, dtype=dtype)
+    w2 = 0.02 * torch.randn(shape.experts, shape.hidden, shape.inter, generator=gen,
+                            device=device, dtype=dtype)
     rows, summaries = [], []
     with torch.inference_mode():
         for tokens in sorted(ns.tokens):
