@@ -283,7 +283,8 @@ def test_plot_writes_pngs(gsm8k_engine_json: Path, offline_json: Path, serving_j
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
 
 
-@pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot"])
+@pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot",
+                                    "moe_tune"])
 def test_runs_as_a_script_with_help(script: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
                          capture_output=True, text=True, timeout=60, cwd="/")
@@ -306,6 +307,26 @@ def test_attention_tune_matches_the_default_launch() -> None:
     assert len(rows) == 2 and all("error" not in r for r in rows)
     assert all(r["max_abs_err"] < 0.05 and r["us"] > 0 for r in rows)
     assert (ba.BLOCK_M, ba.LAUNCHES) == before
+
+
+def test_moe_tune_smoke_on_the_cpu(tmp_path: Path) -> None:
+    """The MoE launch sweep (interpreted, tiny expert shapes): both kernels under each launch
+    equal the default launch's output, the default is always measured, and the printed table
+    names a launch per kernel for each size."""
+    from benchmarks import moe_tune
+
+    out = tmp_path / "moe_tune.json"
+    result = moe_tune.main(["--device", "cpu", "--preset", "tiny", "--tokens", "4", "16",
+                            "--block-n", "32", "--block-k", "32", "--warps", "4", "--stages",
+                            "2", "--iters", "1", "--launches", "1", "--out", str(out)])
+    rows = result["rows"]
+    assert rows and all("error" not in r and r["max_abs_err"] < 1e-4 for r in rows)
+    assert {(r["tokens"], r["kernel"]) for r in rows} == {(t, k) for t in (4, 16)
+                                                          for k in ("up", "down")}
+    for s in result["summary"]:
+        assert s["up"]["default_us"] and s["down"]["default_us"] and s["fused_experts_us"]
+    assert result["table"].count("MoeLaunch(") == 4
+    assert json.loads(out.read_text())["table"] == result["table"]
 
 
 def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:

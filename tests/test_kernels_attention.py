@@ -8,7 +8,7 @@ LLaDA2.0-mini shapes in bf16.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -66,7 +66,8 @@ def forward_batch(kv: KVCache, segs: list[Seg], block: int, attn: AttentionBacke
 
 
 def run_both(shape: Shape, segs: list[Seg], dtype: torch.dtype, splits: int | None,
-             seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+             seed: int = 0, combine_rows: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     kv = scattered_cache(shape, segs, dtype, gen)
     t = sum(n for _, n in segs)
@@ -78,8 +79,10 @@ def run_both(shape: Shape, segs: list[Seg], dtype: torch.dtype, splits: int | No
     fast_attn = TritonAttention(kv, shape.heads, shape.head_dim, scale)
     fast_attn.num_splits = splits
     ref = ref_attn.forward(0, q, k, v, forward_batch(kv, segs, shape.block, ref_attn))
-    out = fast_attn.forward(0, q, k, v, forward_batch(kv, segs, shape.block, fast_attn))
-    return out, ref
+    fb = forward_batch(kv, segs, shape.block, fast_attn)
+    if combine_rows is not None:
+        fb.attn_meta = replace(fb.attn_meta, combine_rows=combine_rows)
+    return fast_attn.forward(0, q, k, v, fb), ref
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -110,6 +113,26 @@ def test_mixed_prefill_and_denoise_segments(shape: Shape) -> None:
 def test_split_k_over_ragged_prefixes(splits: int | None) -> None:
     segs = [(200, 8), (0, 8), (72, 8), (136, 16)]
     assert_close(*run_both(SMALL, segs, torch.float32, splits), torch.float32)
+
+
+@pytest.mark.parametrize("combine_rows", [1, 2, 64])
+def test_split_k_combine_rows_per_program(combine_rows: int) -> None:
+    """40 tokens x 4 heads = 160 (token, head) rows: one row per combine program, two, and
+    64 (the last program's rows past 160 masked)."""
+    segs = [(200, 8), (0, 8), (72, 8), (136, 16)]
+    assert_close(*run_both(SMALL, segs, torch.float32, 8, combine_rows=combine_rows),
+                 torch.float32)
+
+
+def test_choose_combine_rows_fills_an_h200() -> None:
+    """B=1 at LLaDA2.0-mini's heads (32 x 16 rows) takes one row per program; larger buckets
+    take more rows while at least 4 programs per SM remain, up to 64."""
+    from dllm_serve.kernels.block_attention import choose_combine_rows
+
+    rows = {b: choose_combine_rows(b * 32 * 16, 132) for b in (1, 4, 16, 32, 256)}
+    assert rows == {1: 1, 4: 2, 16: 8, 32: 16, 256: 64}
+    for b, r in rows.items():
+        assert r == 1 or -(-b * 32 * 16 // r) >= 4 * 132
 
 
 def test_batch_one_long_prefix() -> None:

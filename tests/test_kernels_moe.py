@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_serve.kernels.fused_moe import fused_experts, triton_moe
+from dllm_serve.kernels.fused_moe import (
+    MOE_LAUNCHES,
+    MoeLaunch,
+    choose_moe_launches,
+    fused_experts,
+    sum_choices,
+    triton_moe,
+)
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.layers.moe import Experts, RoutingParams, moe_reference, route, set_moe_backend
@@ -81,19 +88,64 @@ def test_align_sorts_every_assignment_into_one_expert_block(tokens: int, experts
         assert (flat[members.long()] == expert).all()
 
 
-@pytest.mark.parametrize("tokens,experts,hidden,inter", [(1, 8, 64, 32), (37, 8, 64, 32),
-                                                         (200, 4, 48, 80), (64, 32, 128, 64)])
-def test_fused_experts_equal_reference(tokens: int, experts: int, hidden: int,
-                                       inter: int) -> None:
-    gen = torch.Generator().manual_seed(tokens + experts)
+def experts_case(tokens: int, experts: int, hidden: int, inter: int, top_k: int
+                 ) -> tuple[torch.Tensor, ...]:
+    """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk ids and weights (T, K)."""
+    gen = torch.Generator().manual_seed(tokens * experts + top_k)
     x = rand(tokens, hidden, gen=gen)
     w13 = rand(experts, 2 * inter, hidden, gen=gen, scale=hidden ** -0.5)
     w2 = rand(experts, hidden, inter, gen=gen, scale=inter ** -0.5)
     ids, weights = route(rand(tokens, experts, gen=gen), None,
-                         RoutingParams(2, "softmax", 0, 0, True, 1.5))
+                         RoutingParams(top_k, "softmax", 0, 0, True, 1.5))
+    return x, w13, w2, ids, weights
+
+
+@pytest.mark.parametrize("tokens,experts,hidden,inter", [(1, 8, 64, 32), (37, 8, 64, 32),
+                                                         (200, 4, 48, 80), (64, 32, 128, 64)])
+def test_fused_experts_equal_reference(tokens: int, experts: int, hidden: int,
+                                       inter: int) -> None:
+    x, w13, w2, ids, weights = experts_case(tokens, experts, hidden, inter, top_k=2)
     out = fused_experts(x, w13, w2, ids, weights)
     assert out.shape == (tokens, hidden) and out.dtype == x.dtype
     assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < tolerance(torch.float32)
+
+
+TABLE_LAUNCHES = sorted({launch for _, up, down in MOE_LAUNCHES for launch in (up, down)},
+                        key=repr)
+EDGE_LAUNCHES = [MoeLaunch(32, 32, 4, 2), MoeLaunch(256, 128, 8, 4), MoeLaunch(128, 32, 8, 3)]
+
+
+@pytest.mark.parametrize("launch", TABLE_LAUNCHES + EDGE_LAUNCHES, ids=repr)
+@pytest.mark.parametrize("tokens,experts", [(5, 8), (40, 4), (90, 4)])  # BLOCK_M 16-64
+def test_every_launch_equals_reference(launch: MoeLaunch, tokens: int, experts: int) -> None:
+    """Each launch in MOE_LAUNCHES (and the tuner's extremes) as both the up and the down
+    launch; hidden and inter not multiples of block_n or block_k (masked edges)."""
+    x, w13, w2, ids, weights = experts_case(tokens, experts, hidden=80, inter=48, top_k=3)
+    out = fused_experts(x, w13, w2, ids, weights, launches=(launch, launch))
+    assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < tolerance(torch.float32)
+
+
+def test_launch_table_covers_every_size() -> None:
+    bounds = [bound for bound, _, _ in MOE_LAUNCHES]
+    assert bounds == sorted(bounds) and bounds[-1] >= 1 << 30
+    for bound, up, down in MOE_LAUNCHES:
+        assert choose_moe_launches(bound) == (up, down)
+    assert choose_moe_launches(1) == MOE_LAUNCHES[0][1:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,top_k,hidden", [(1, 1, 16), (7, 3, 80), (5, 8, 2100)])
+def test_sum_choices_equals_torch(tokens: int, top_k: int, hidden: int,
+                                  dtype: torch.dtype) -> None:
+    """Sums in fp32 then one cast, as `y.view(T, K, hidden).sum(1).to(dtype)`; 2100 columns
+    span three programs of SUM_BLOCK with a masked tail. Same result on a second call."""
+    y = rand(tokens * top_k, hidden, gen=torch.Generator().manual_seed(tokens))
+    out = sum_choices(y, top_k, dtype)
+    ref = y.view(tokens, top_k, hidden).sum(1).to(dtype)
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=1e-6 if dtype == torch.float32 else 8e-3,
+                               atol=1e-6 if dtype == torch.float32 else 1e-5)
+    assert torch.equal(sum_choices(y, top_k, dtype), out)
 
 
 def test_bf16_storage() -> None:

@@ -23,13 +23,25 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
+from dllm_serve.kernels.runtime import (
+    cdiv,
+    check_device,
+    floor_pow2,
+    interpreted,
+    next_pow2,
+    num_sms,
+)
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.utils.device import to_device
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows (tokens x grouped heads) per tile
 TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_len, token offset)
+# The split-K combine: (token, head) rows per program at most, and programs per SM at least where
+# the rows allow. 64 rows per program left 8 programs for B=1 at LLaDA2.0-mini's heads (32 tokens
+# x 16 heads), each merging 32 splits of 64 x 128 fp32 alone: 190 us per layer on an H200.
+COMBINE_MAX_ROWS = 64
+COMBINE_PROGRAMS_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,13 @@ def choose_launch(num_splits: int) -> Launch:
     return next(launch for bound, launch in LAUNCHES if num_splits <= bound)
 
 
+def choose_combine_rows(num_rows: int, sms: int) -> int:
+    """(token, head) rows per combine program for `num_rows` = T * H: the largest power of two
+    in [1, COMBINE_MAX_ROWS] leaving at least COMBINE_PROGRAMS_PER_SM programs per SM (1 when
+    even one row per program leaves fewer). Shapes only, so fixed per CUDA-graph bucket."""
+    return floor_pow2(min(num_rows // (COMBINE_PROGRAMS_PER_SM * sms), COMBINE_MAX_ROWS))
+
+
 @dataclass
 class BlockAttnPlan:
     """Per-forward launch metadata, built once by `plan_block_attention` (on the device)."""
@@ -74,6 +93,7 @@ class BlockAttnPlan:
     ws_out: torch.Tensor | None  # (splits, T, H, D) fp32 partial outputs, when splits > 1
     ws_lse: torch.Tensor | None  # (splits, T, H) fp32 partial log2-sum-exp
     launch: Launch  # from LAUNCHES by num_splits
+    combine_rows: int  # BLOCK_R of the split-K combine, from choose_combine_rows
 
 
 def tokens_per_tile(group: int) -> int:
@@ -102,14 +122,23 @@ def plan_block_attention(seg_starts: list[int], seg_lens: list[int], block_size:
     """Tiles (one host-to-device copy) and, for split-K, the fp32 workspaces."""
     tq = tokens_per_tile(num_heads // num_kv_heads)
     tiles = to_device(plan_tiles(seg_starts, seg_lens, tq), device)
-    t = int(sum(seg_lens))
+    return plan_over_tiles(tiles, tq, num_splits, int(sum(seg_lens)), block_size, num_heads,
+                           head_dim, num_sms(device))
+
+
+def plan_over_tiles(tiles: torch.Tensor, tq: int, num_splits: int, num_tokens: int,
+                    block_size: int, num_heads: int, head_dim: int, sms: int) -> BlockAttnPlan:
+    """The plan over a device tile table (num_tiles, TILE_FIELDS): launches chosen from the
+    shapes, and with splits > 1 the workspaces (splits, T, H, D) and (splits, T, H) fp32."""
     ws_out = ws_lse = None
     if num_splits > 1:
-        ws_out = torch.empty(num_splits, t, num_heads, head_dim, dtype=torch.float32,
-                             device=device)
-        ws_lse = torch.empty(num_splits, t, num_heads, dtype=torch.float32, device=device)
-    return BlockAttnPlan(tiles, tq, num_splits, t, block_size, ws_out, ws_lse,
-                         choose_launch(num_splits))
+        ws_out = torch.empty(num_splits, num_tokens, num_heads, head_dim, dtype=torch.float32,
+                             device=tiles.device)
+        ws_lse = torch.empty(num_splits, num_tokens, num_heads, dtype=torch.float32,
+                             device=tiles.device)
+    return BlockAttnPlan(tiles, tq, num_splits, num_tokens, block_size, ws_out, ws_lse,
+                         choose_launch(num_splits),
+                         choose_combine_rows(num_tokens * num_heads, sms))
 
 
 def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -138,7 +167,7 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         BLOCK_N=launch.block_n, BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if split:
-        rows = 64
+        rows = plan.combine_rows
         _combine_kernel[(cdiv(t * h, rows),)](
             plan.ws_out, plan.ws_lse, out, out.stride(0), t * h, NUM_HEADS=h, HEAD_DIM=d,
             NUM_SPLITS=plan.num_splits, BLOCK_R=rows, BLOCK_D=next_pow2(max(d, 16)),

@@ -6,7 +6,9 @@
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
    assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I);
 4. `_down_kernel`: per (block, N tile) y = (h @ down^T) * routing weight -> (A, hidden) fp32;
-5. the K choices of each token are summed in fp32 (torch), cast to x.dtype.
+5. `_sum_kernel`: the K rows of each token summed in fp32, in order, cast to x.dtype (one pass).
+Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
+of assignments (benchmarks/moe_tune.py measures the candidates).
 Program ids run the blocks of one N tile consecutively, so the blocks of one expert (same
 weight tile) run side by side and share it through L2: each selected expert's weights come from
 memory about once per projection. Oracle: `layers.moe.route` + `moe_reference`.
@@ -14,21 +16,49 @@ memory about once per projection. Oracle: `layers.moe.route` + `moe_reference`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
+from dllm_serve.kernels.moe_align import ExpertBlocks, align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
-from dllm_serve.kernels.runtime import check_device, interpreted
+from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route
 
-BLOCK_N = 64
-BLOCK_K = 64
+
+@dataclass(frozen=True)
+class MoeLaunch:
+    """Output columns (block_n) and reduction step (block_k) per program, warps and pipeline
+    stages of one grouped-GEMM launch. Any values are correct (loads and stores are masked);
+    they only change speed."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+SUM_BLOCK = 1024  # hidden columns per program of the choice sum
+DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
+
+# The launch table, the one place to edit after benchmarks/moe_tune.py (which prints rows in
+# this form): (most assignments T * top_k, up launch, down launch), the first row whose bound
+# holds a batch's assignments. Assignments are fixed per CUDA-graph bucket, so each bucket has
+# its launches. Until measured on an H200: today's one launch for both kernels at every size.
+MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
+    (1 << 30, DEFAULT_LAUNCH, DEFAULT_LAUNCH),
+)
+
+
+def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
+    """(up launch, down launch) from MOE_LAUNCHES for T * top_k assignments."""
+    return next((up, down) for bound, up, down in MOE_LAUNCHES if num_assignments <= bound)
 
 
 @MOE_BACKENDS.register("triton")
@@ -41,28 +71,70 @@ def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                  topk_weights: torch.Tensor) -> torch.Tensor:
+                  topk_weights: torch.Tensor,
+                  launches: tuple[MoeLaunch, MoeLaunch] | None = None) -> torch.Tensor:
     """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids/topk_weights (T, K)
-    -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding."""
+    -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding. `launches` (up, down)
+    overrides the table's (tests, benchmarks/moe_tune.py)."""
     check_device(x, "fused_experts")
     t, k = topk_ids.shape
-    e, hidden, inter = w2.shape
+    hidden = w2.shape[1]
     if t == 0:
         return x.new_zeros(0, hidden)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    align = sort_by_expert if sort_supports(e) else align_by_expert
-    blocks = align(topk_ids, e, choose_block_m(t * k, e))
-    h = x.new_empty(t * k, inter)  # (A, I)
-    y = torch.empty(t * k, hidden, dtype=torch.float32, device=x.device)  # (A, hidden)
-    common = dict(BLOCK_M=blocks.block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                  DOT_F32=interpreted(), num_warps=4, num_stages=3)
-    _up_kernel[(blocks.max_blocks * triton.cdiv(inter, BLOCK_N),)](
-        x, w13, h, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
-        w13.stride(0), blocks.max_blocks, t * k, hidden, inter, TOP_K=k, **common)
-    _down_kernel[(blocks.max_blocks * triton.cdiv(hidden, BLOCK_N),)](
+    blocks = expert_blocks(topk_ids, w2.shape[0])
+    up, down = launches or choose_moe_launches(t * k)
+    h = up_proj(x, w13, blocks, k, up)  # (A, I)
+    y = down_proj(h, w2, topk_weights, blocks, down)  # (A, hidden) fp32
+    return sum_choices(y, k, x.dtype)
+
+
+def expert_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
+    """topk_ids (T, K) -> the assignments sorted by expert into blocks of choose_block_m rows."""
+    align = sort_by_expert if sort_supports(num_experts) else align_by_expert
+    return align(topk_ids, num_experts, choose_block_m(topk_ids.numel(), num_experts))
+
+
+def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int,
+            launch: MoeLaunch) -> torch.Tensor:
+    """x (T, hidden), w13 (E, 2I, hidden), both contiguous -> h (A, I) in x.dtype, A = T * top_k:
+    row a = silu(gate) * up of token a // top_k through its expert."""
+    a, hidden, inter = x.shape[0] * top_k, x.shape[1], w13.shape[1] // 2
+    h = x.new_empty(a, inter)
+    _up_kernel[(blocks.max_blocks * triton.cdiv(inter, launch.block_n),)](
+        x, w13, h, blocks.sorted_rows, blocks.block_expert, blocks.num_slots, w13.stride(0),
+        blocks.max_blocks, a, hidden, inter, TOP_K=top_k, **launch_args(blocks, launch))
+    return h
+
+
+def down_proj(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              blocks: ExpertBlocks, launch: MoeLaunch) -> torch.Tensor:
+    """h (A, I), w2 (E, hidden, I) contiguous, topk_weights (T, K) -> y (A, hidden) fp32: row a
+    = its routing weight * (h[a] through its expert's down projection)."""
+    (a, inter), hidden = h.shape, w2.shape[1]
+    y = torch.empty(a, hidden, dtype=torch.float32, device=h.device)
+    _down_kernel[(blocks.max_blocks * triton.cdiv(hidden, launch.block_n),)](
         h, w2, y, topk_weights.float().contiguous(), blocks.sorted_rows, blocks.block_expert,
-        blocks.num_slots, w2.stride(0), blocks.max_blocks, t * k, hidden, inter, **common)
-    return y.view(t, k, hidden).sum(1).to(x.dtype)
+        blocks.num_slots, w2.stride(0), blocks.max_blocks, a, hidden, inter,
+        **launch_args(blocks, launch))
+    return y
+
+
+def sum_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """y (T * top_k, hidden) fp32 -> (T, hidden) in dtype: each token's top_k rows summed in
+    fp32 in choice order (deterministic: no atomics), cast once. One pass over y; equal to
+    `y.view(T, top_k, hidden).sum(1).to(dtype)` within fp32 rounding."""
+    a, hidden = y.shape
+    out = torch.empty(a // top_k, hidden, dtype=dtype, device=y.device)
+    block = min(SUM_BLOCK, next_pow2(hidden))
+    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](y, out, hidden, TOP_K=top_k,
+                                                           BLOCK=block, num_warps=4)
+    return out
+
+
+def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
+    return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+                DOT_F32=interpreted(), num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 @triton.jit
@@ -128,3 +200,15 @@ def _down_kernel(H, W2, Y, Weights, SortedRows, BlockExpert, NumSlots, stride_we
             acc += dot(a, wt, DOT_F32)
         acc = acc * tl.load(Weights + rows, mask=valid, other=0.0)[:, None]
         tl.store(Y + rows[:, None] * hidden + n[None, :], acc, mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_kernel(Y, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, n] = sum over j < TOP_K of y[t * TOP_K + j, n], accumulated in j order."""
+    tok = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
+    mask = n < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(Y + (tok * TOP_K + j) * hidden + n, mask=mask, other=0.0)
+    tl.store(Out + tok * hidden + n, acc.to(Out.dtype.element_ty), mask=mask)

@@ -15,8 +15,8 @@ import torch
 from dllm_serve.kernels.block_attention import (
     BlockAttnPlan,
     block_attention,
-    choose_launch,
     plan_block_attention,
+    plan_over_tiles,
     tokens_per_tile,
 )
 from dllm_serve.kernels.kv_store import store_kv
@@ -58,15 +58,8 @@ class TritonAttention(AttentionBackend):
                     ) -> BlockAttnPlan:
         """A plan over `tiles` (max_tiles, 5) int32, which the caller fills before each launch
         (unused rows: segment length 0), for batches of `num_tokens` tokens (CUDA graphs)."""
-        splits = self._splits(tiles.shape[0])
-        ws_out = ws_lse = None
-        if splits > 1:
-            ws_out = torch.empty(splits, num_tokens, self.num_heads, self.head_dim,
-                                 dtype=torch.float32, device=tiles.device)
-            ws_lse = torch.empty(splits, num_tokens, self.num_heads, dtype=torch.float32,
-                                 device=tiles.device)
-        return BlockAttnPlan(tiles, self.tokens_per_tile, splits, num_tokens, block_size,
-                             ws_out, ws_lse, choose_launch(splits))
+        return plan_over_tiles(tiles, self.tokens_per_tile, self._splits(tiles.shape[0]),
+                               num_tokens, block_size, self.num_heads, self.head_dim, self.sms)
 
     def _splits(self, num_tiles: int) -> int:
         if self.num_splits is not None:
