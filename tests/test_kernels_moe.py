@@ -190,3 +190,31 @@ def test_llada2_mini_moe_layer(tokens: int) -> None:
     assert_same_routing(*fused_route(logits, bias, LLADA2), ids, weights)
     out = fused_experts(x, w13, w2, ids, weights)
     assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < 2e-2
+
+
+def test_a_launch_too_big_for_the_device_falls_back_to_the_default() -> None:
+    """_run_fitting: a compile failure for lack of shared memory (raised before anything runs)
+    reruns with DEFAULT_LAUNCH and is remembered; any other launch error propagates."""
+    from triton.runtime.errors import OutOfResources
+
+    from dllm_serve.kernels.fused_moe import _TOO_BIG, DEFAULT_LAUNCH, MoeLaunch, _run_fitting
+
+    big = MoeLaunch(block_n=256, block_k=256, num_warps=8, num_stages=5)
+    ran: list[MoeLaunch] = []
+
+    def go(launch: MoeLaunch) -> None:
+        if launch == big:
+            raise OutOfResources(300_000, 232_448, "shared memory")
+        ran.append(launch)
+
+    _TOO_BIG.discard(("up", 64, big))
+    _run_fitting("up", 64, big, go)
+    _run_fitting("up", 64, big, go)  # remembered: straight to the default
+    assert ran == [DEFAULT_LAUNCH, DEFAULT_LAUNCH] and ("up", 64, big) in _TOO_BIG
+    _TOO_BIG.discard(("up", 64, big))
+
+    def broken(launch: MoeLaunch) -> None:
+        raise ValueError("not a resource problem")
+
+    with pytest.raises(ValueError):
+        _run_fitting("down", 16, big, broken)

@@ -16,11 +16,13 @@ memory about once per projection. Oracle: `layers.moe.route` + `moe_reference`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from dllm_serve.kernels.moe_align import ExpertBlocks, align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
@@ -50,9 +52,25 @@ DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 # The launch table, the one place to edit after benchmarks/moe_tune.py (which prints rows in
 # this form): (most assignments T * top_k, up launch, down launch), the first row whose bound
 # holds a batch's assignments. Assignments are fixed per CUDA-graph bucket, so each bucket has
-# its launches. Until measured on an H200: today's one launch for both kernels at every size.
+# its launches. Measured at LLaDA2.0-mini's expert shapes on an H200 (benchmarks/results/h200/
+# gpupath/moe_tune_*.json): 2-10% per GEMM over the default launch. A launch that does not fit
+# the device's shared memory at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (_run_fitting).
 MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
-    (1 << 30, DEFAULT_LAUNCH, DEFAULT_LAUNCH),
+    (256,  # T = 32: up, down
+     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=4),
+     MoeLaunch(block_n=256, block_k=64, num_warps=4, num_stages=3)),
+    (1024,  # T = 128
+     MoeLaunch(block_n=128, block_k=128, num_warps=8, num_stages=3),
+     MoeLaunch(block_n=128, block_k=128, num_warps=4, num_stages=4)),
+    (4096,  # T = 512
+     MoeLaunch(block_n=128, block_k=128, num_warps=4, num_stages=4),
+     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3)),
+    (8192,  # T = 1024
+     MoeLaunch(block_n=128, block_k=64, num_warps=4, num_stages=3),
+     DEFAULT_LAUNCH),
+    (1 << 30,  # T = 2048 and more
+     DEFAULT_LAUNCH,
+     MoeLaunch(block_n=128, block_k=64, num_warps=4, num_stages=3)),
 )
 
 
@@ -101,9 +119,13 @@ def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int
     row a = silu(gate) * up of token a // top_k through its expert."""
     a, hidden, inter = x.shape[0] * top_k, x.shape[1], w13.shape[1] // 2
     h = x.new_empty(a, inter)
-    _up_kernel[(blocks.max_blocks * triton.cdiv(inter, launch.block_n),)](
-        x, w13, h, blocks.sorted_rows, blocks.block_expert, blocks.num_slots, w13.stride(0),
-        blocks.max_blocks, a, hidden, inter, TOP_K=top_k, **launch_args(blocks, launch))
+    def go(run: MoeLaunch) -> None:
+        _up_kernel[(blocks.max_blocks * triton.cdiv(inter, run.block_n),)](
+            x, w13, h, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
+            w13.stride(0), blocks.max_blocks, a, hidden, inter, TOP_K=top_k,
+            **launch_args(blocks, run))
+
+    _run_fitting("up", blocks.block_m, launch, go)
     return h
 
 
@@ -113,11 +135,35 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     = its routing weight * (h[a] through its expert's down projection)."""
     (a, inter), hidden = h.shape, w2.shape[1]
     y = torch.empty(a, hidden, dtype=torch.float32, device=h.device)
-    _down_kernel[(blocks.max_blocks * triton.cdiv(hidden, launch.block_n),)](
-        h, w2, y, topk_weights.float().contiguous(), blocks.sorted_rows, blocks.block_expert,
-        blocks.num_slots, w2.stride(0), blocks.max_blocks, a, hidden, inter,
-        **launch_args(blocks, launch))
+    weights = topk_weights.float().contiguous()
+    def go(run: MoeLaunch) -> None:
+        _down_kernel[(blocks.max_blocks * triton.cdiv(hidden, run.block_n),)](
+            h, w2, y, weights, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
+            w2.stride(0), blocks.max_blocks, a, hidden, inter, **launch_args(blocks, run))
+
+    _run_fitting("down", blocks.block_m, launch, go)
     return y
+
+
+_TOO_BIG: set[tuple[str, int, MoeLaunch]] = set()  # launches the device could not hold
+
+
+def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
+                 go: Callable[[MoeLaunch], None]) -> None:
+    """go(launch), or go(DEFAULT_LAUNCH) when `launch` needs more shared memory than the device
+    has at this BLOCK_M (the table is tuned at one model's shapes). The compile failure comes
+    before anything runs, and is remembered: the next call goes straight to the default."""
+    key = (kernel, block_m, launch)
+    if key in _TOO_BIG:
+        go(DEFAULT_LAUNCH)
+        return
+    try:
+        go(launch)
+    except OutOfResources:
+        if launch == DEFAULT_LAUNCH:
+            raise
+        _TOO_BIG.add(key)
+        go(DEFAULT_LAUNCH)
 
 
 def sum_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:

@@ -35,7 +35,8 @@ class PinnedRing:
         self.buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         self.host = self.buf.numpy()
         self.part = size // RING_PARTS
-        self.pos = 0
+        self.current = 0  # the part being handed out
+        self.pos = 0  # next free byte, within the current part (or at its end)
         self.fences: list[torch.cuda.Event | None] = [None] * RING_PARTS
 
     def stage(self, array: np.ndarray) -> torch.Tensor:
@@ -49,14 +50,14 @@ class PinnedRing:
             array.shape)
 
     def _reserve(self, n: int) -> int:
-        part = self.pos // self.part
-        end = self.pos + n
-        if end > (part + 1) * self.part:  # the rest of this part is too small: next part
-            self._leave(part)
-            part = (part + 1) % RING_PARTS
-            self._enter(part)
-            self.pos, end = part * self.part, part * self.part + n
-        start, self.pos = self.pos, -(-end // ALIGN) * ALIGN
+        """The first byte of n free bytes (n <= one part), fenced against earlier copies."""
+        if self.pos + n > (self.current + 1) * self.part:  # the rest is too small: next part
+            self._leave(self.current)
+            self.current = (self.current + 1) % RING_PARTS
+            self._enter(self.current)
+            self.pos = self.current * self.part
+        start = self.pos
+        self.pos = min(-(-(start + n) // ALIGN) * ALIGN, (self.current + 1) * self.part)
         return start
 
     def _leave(self, part: int) -> None:
