@@ -50,7 +50,7 @@ class MetaRunner(FakeRunner):
 
     def __init__(self, num_pages: int, page_size: int, max_requests: int) -> None:
         super().__init__(K, num_pages, page_size, VOCAB)
-        self.max_requests = max_requests
+        self.max_requests = self.scratch_slot = max_requests
         self.layout = MetaLayout(256, K, 1)
         self.buf = np.zeros(self.layout.size, dtype=np.int64)
 

@@ -145,6 +145,7 @@ class FakeRunner:
     def __init__(self, block_size: int, num_pages: int, page_size: int, vocab: int = 16) -> None:
         self.block_size, self.page_size, self.num_pages = block_size, page_size, num_pages
         self.max_requests, self.graph_max_blocks = 64, 0
+        self.scratch_slot = self.max_requests  # pad blocks and holes: their K/V goes nowhere
         self.device = torch.device("cpu")
         self.vocab = vocab
         self.graphs = None

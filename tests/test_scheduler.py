@@ -217,27 +217,34 @@ def test_max_new_tokens_zero_prefills_only() -> None:
     engine.assert_whole()
 
 
-def test_a_block_turnover_rewrites_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FDFO W=1: a request's finished block is replaced by its next block in the same row
-    (no gather of the other rows); only a change in the set of requests rebuilds."""
+def test_turnovers_joins_and_leaves_patch_rows_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FDFO W=1: a request's finished block is replaced by its next block in the same row, a
+    finished request leaves a hole and a new one takes it: no row moves (no gather); the
+    layout is compacted only when holes would cost (here: as the queue drains)."""
     from dllm_serve.managers import resident_batch
 
-    calls = {"renew": 0, "rebuild": 0}
-    renew, same = resident_batch.ResidentBatch._renew, resident_batch._same_shape
+    calls = {"patch": 0, "compact": 0, "holes": 0}
+    patch, compact = resident_batch.ResidentBatch._patch, resident_batch.ResidentBatch._compact
 
-    def counting_same(*a):  # type: ignore[no-untyped-def]
-        ok = same(*a)
-        calls["renew" if ok else "rebuild"] += 1
-        return ok
+    def counting_patch(self, old):  # type: ignore[no-untyped-def]
+        out = patch(self, old)
+        calls["patch"] += out is not None
+        calls["holes"] += out is not None and any(r.hole for r in out.reqs)
+        return out
 
-    monkeypatch.setattr(resident_batch, "_same_shape", counting_same)
+    def counting_compact(self, old):  # type: ignore[no-untyped-def]
+        calls["compact"] += 1
+        return compact(self, old)
+
+    monkeypatch.setattr(resident_batch.ResidentBatch, "_patch", counting_patch)
+    monkeypatch.setattr(resident_batch.ResidentBatch, "_compact", counting_compact)
     e = scripted_engine(mrr=4, need=lambda s: 3 + (s // K) % 2)
-    for i in range(4):
-        e.submit(f"r{i}", prompt(2 + i), max_new_tokens=6 * K, ignore_eos=True)
+    for i in range(12):
+        e.submit(f"r{i}", prompt(2 + i % 5), max_new_tokens=(2 + i % 3) * K, ignore_eos=True)
     outs = e.run()
-    assert all(o[-1].completion_tokens == 6 * K for o in outs.values())
-    assert renew is resident_batch.ResidentBatch._renew
-    assert calls["renew"] >= 5 and calls["rebuild"] <= 3, calls  # rebuilt: start, finishes
+    assert all(o[-1].completion_tokens == (2 + int(r[1:]) % 3) * K for r, o in outs.items())
+    assert calls["patch"] >= 12 and calls["compact"] <= 4 and calls["holes"] >= 2, calls
+    e.assert_whole()
 
 
 def test_prefills_that_arrive_together_merge_but_never_past_a_release() -> None:

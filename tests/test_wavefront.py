@@ -89,6 +89,7 @@ class ScriptedLogits:
     def __init__(self, p: float) -> None:
         self.block_size, self.page_size, self.p = 2, 2, p
         self.max_requests, self.graph_max_blocks = 4, 0
+        self.scratch_slot = self.max_requests
         self.device = torch.device("cpu")
         self.graphs = None
         self.layouts: list[list[int]] = []

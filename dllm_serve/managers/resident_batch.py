@@ -2,11 +2,18 @@
 
 It holds every admitted request (`DeviceReq`: slot, settings) and its active blocks (`Block`),
 and their device tensors: ids (N, K) and the algorithm's state (N, ...) in rows [0, N) of the
-worker's `RowStorage`, ordered by request (admission order) and within a request by position.
-A block that stays is never re-sent, re-uploaded or copied to the host; only when the set of
-blocks changes (a block opens or leaves) does `layout()` gather the surviving rows, append the
-new blocks' ids and fresh state, and write them back to rows [0, N), with the per-row metadata
-(request index, position, seed) and per-request settings, in two host-to-device copies.
+worker's `RowStorage`. Layout invariant: the rows are grouped by *position* (one request, or a
+hole), a request's blocks in consecutive rows in block order; `Layout.reqs` lists the positions
+in row order, so the forward's segments are exactly the rows in order. A block that stays is
+never re-sent, re-uploaded or copied to the host. When the set of blocks changes, `layout()`
+first tries a *patch*, which moves no row: a request's finished block is replaced by its next
+one in the same row, a request that leaves (or has no block open) leaves a *hole* (a position
+whose one row is a pad block: the runner's scratch slot, positions [0, K), its readout ignored),
+and a request that joins with one block takes a hole or appends a row; only the changed rows
+are written (one host-to-device copy). When that cannot be done (a request's block count
+changed: the wavefront; holes would cost a larger bucket or a quarter of the rows; more rows
+than the storage holds) `compact` gathers the surviving rows, appends the new blocks' ids and
+fresh state and writes them back to rows [0, N) without holes, in admission order.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
 array (`Layout.steps`, also the batch's `block_steps`) and its forwards in one counter, folded
 back into the blocks and requests when the layout is replaced.
@@ -24,6 +31,7 @@ from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.managers.messages import ReqSettings, RowState
 from dllm_serve.managers.row_storage import RowStorage
+from dllm_serve.model.buckets import denoise_buckets, pick_bucket
 from dllm_serve.utils.device import to_device
 
 
@@ -44,6 +52,9 @@ class Block:
     edits: int = 0
 
 
+HOLE_SETTINGS = ReqSettings(prompt_len=0, max_end=0)  # greedy, defaults: what a hole steps with
+
+
 @dataclass(eq=False)
 class DeviceReq:
     uid: int
@@ -54,6 +65,7 @@ class DeviceReq:
     past_forwards: int = 0  # forwards of layouts already replaced
     in_layout: bool = False  # it has rows in the current layout
     alive: bool = True
+    hole: bool = False  # a hole's placeholder (see the module docstring), never a request
 
     @property
     def first_start(self) -> int:
@@ -79,9 +91,12 @@ class Layout:
 
 
 class ResidentBatch:
-    def __init__(self, algo: DllmAlgorithm, storage: RowStorage) -> None:
+    def __init__(self, algo: DllmAlgorithm, storage: RowStorage, scratch_slot: int) -> None:
+        """scratch_slot: the runner's request slot whose page takes pad blocks' K/V (holes)."""
         self.algo = algo
         self.storage = storage
+        self.scratch_slot = scratch_slot
+        self.buckets = denoise_buckets(storage.capacity)  # what a forward of N rows costs
         self.device = storage.device
         self.k = storage.k
         self.reqs: dict[int, DeviceReq] = {}  # admission order
@@ -145,11 +160,14 @@ class ResidentBatch:
         return self.current
 
     def _rebuild(self) -> Layout:
+        old = self.current
+        patched = None if old is None else self._patch(old)
+        return patched if patched is not None else self._compact(old)
+
+    def _compact(self, old: Layout | None) -> Layout:
+        """Every request with blocks, in admission order, rows gathered to [0, N), no holes."""
         reqs = [r for r in self.reqs.values() if r.blocks]
         rows = [b for r in reqs for b in r.blocks]
-        old = self.current
-        if old is not None and _same_shape(old, reqs, rows):
-            return self._renew(old, rows)
         if len(rows) > self.storage.capacity:
             raise RuntimeError(f"{len(rows)} active blocks exceed the worker's row storage "
                                f"({self.storage.capacity})")
@@ -175,42 +193,117 @@ class ResidentBatch:
                                 np.fromiter((b.start for b in rows), np.int64, len(rows)),
                                 np.repeat(np.asarray(seeds, dtype=np.int64), counts),
                                 self._params(reqs))
-        ids, state = self.storage.views(len(rows))
-        batch = DenoiseBatch(
-            block_ids=ids, num_blocks=counts, first_starts=[r.first_start for r in reqs],
-            temperatures=[r.settings.temperature for r in reqs],
-            top_ps=[r.settings.top_p for r in reqs], seeds=seeds,
-            params=self.storage.req_params, block_steps=steps,
-            top_ks=[r.settings.top_k for r in reqs], min_ps=[r.settings.min_p for r in reqs])
-        n = len(rows)
-        s = self.storage
-        batch.bind_rows(s.row_req[:n], s.row_start[:n], s.row_seed[:n])
         owners = [r for r in reqs for _ in r.blocks]
-        return Layout(reqs, rows, owners, batch, state)
+        return Layout(reqs, rows, owners, self._batch(reqs, counts, steps), self.storage.views(
+            len(rows))[1])
 
-    def _renew(self, old: Layout, rows: list[Block]) -> Layout:
-        """The same requests with the same block counts, surviving blocks in place (FDFO's
-        common case: a request's finished block replaced by its next one): only the rows of
-        new blocks are written, in place; a new Layout (in-flight launches keep the old)."""
-        fresh = [b for b in rows if b.row < 0]
-        at = np.fromiter((i for i, b in enumerate(rows) if b.row < 0), np.int64, len(fresh))
-        self.storage.write_rows(at, _init_ids(fresh), [b.init_state for b in fresh],
-                                np.fromiter((b.start for b in fresh), np.int64, len(fresh)))
-        steps = old.steps.copy()
-        steps[at] = [b.init_steps for b in fresh]
+    def _patch(self, old: Layout) -> Layout | None:
+        """The new layout without moving a row (see the module docstring), or None when it
+        cannot be had that way. Nothing is changed before the answer is known."""
+        counts = old.batch.num_blocks
+        reqs = list(old.reqs)
+        fresh: list[tuple[int, Block]] = []  # (row, block) written now
+        holes: list[int] = []  # positions that are (or become) holes
+        leaving: list[int] = []
+        row = 0
+        for i, r in enumerate(old.reqs):
+            n = counts[i]
+            if r.hole or not (r.alive and r.blocks):
+                if n != 1:
+                    return None
+                holes.append(i)
+                if not r.hole:
+                    leaving.append(i)
+            elif len(r.blocks) != n:
+                return None
+            else:
+                for j, b in enumerate(r.blocks):
+                    if b.row < 0:
+                        fresh.append((row + j, b))
+                    elif b.row != row + j:
+                        return None
+            row += n
+        entrants = [r for r in self.reqs.values() if r.blocks and not r.in_layout]
+        if any(len(r.blocks) != 1 for r in entrants):
+            return None
+        appended = max(0, len(entrants) - len(holes))
+        total, live = row + appended, self.num_rows
+        left = len(holes) - len(entrants) + appended
+        if total > self.storage.capacity or (left and (
+                left > total // 4 or pick_bucket(total, self.buckets)
+                != pick_bucket(live, self.buckets))):
+            return None
+        return self._apply_patch(old, reqs, fresh, holes, leaving, entrants, total)
+
+    def _apply_patch(self, old: Layout, reqs: list[DeviceReq], fresh: list[tuple[int, Block]],
+                     holes: list[int], leaving: list[int], entrants: list[DeviceReq],
+                     total: int) -> Layout:
+        offsets = np.cumsum([0, *old.batch.num_blocks]).tolist()
+        rows, owners = list(old.rows), list(old.owners)
+        for i in leaving:
+            reqs[i] = self._hole()
+            rows[offsets[i]], owners[offsets[i]] = reqs[i].blocks[0], reqs[i]
+        placed: list[int] = []  # positions the entrants take
+        for r in entrants:
+            if holes:
+                i = holes.pop(0)
+                reqs[i] = r
+            else:
+                i = len(reqs)
+                reqs.append(r)
+                offsets.append(offsets[-1] + 1)
+                rows.append(r.blocks[0])
+                owners.append(r)
+            placed.append(i)
+            fresh.append((offsets[i], r.blocks[0]))
+            rows[offsets[i]], owners[offsets[i]] = r.blocks[0], r
         for r in old.reqs:
             r.past_forwards += old.launches
         for b in old.rows:
             if not b.alive:
                 b.row = -1
-        for i, b in zip(at.tolist(), fresh, strict=True):
-            b.row, b.init_ids, b.init_state = i, None, None
-        o = old.batch
-        batch = DenoiseBatch(o.block_ids, o.num_blocks, [r.first_start for r in old.reqs],
-                             o.temperatures, o.top_ps, o.seeds, o.params, steps,
-                             top_ks=o.top_ks, min_ps=o.min_ps)
-        batch.bind_rows(o.row_req, o.row_start, o.row_seed)
-        return Layout(old.reqs, rows, old.owners, batch, old.state)
+        for r in entrants:
+            r.in_layout = True
+        for i in leaving:
+            old.reqs[i].in_layout = False
+        at = np.fromiter((x for x, _ in fresh), np.int64, len(fresh))
+        blocks = [b for _, b in fresh]
+        where = np.searchsorted(np.asarray(offsets[1:]), at, side="right")  # each row's position
+        steps = np.zeros(total, dtype=np.int64)
+        steps[:len(old.rows)] = old.steps
+        steps[at] = [b.init_steps for b in blocks]
+        self.storage.write_rows(at, _init_ids(blocks), [b.init_state for b in blocks],
+                                np.fromiter((b.start for b in blocks), np.int64, len(blocks)),
+                                where, np.array([reqs[i].settings.seed for i in where.tolist()],
+                                                dtype=np.int64))
+        if placed:
+            self.storage.write_params(np.asarray(placed, dtype=np.int64),
+                                      self._params([reqs[i] for i in placed]), total, len(reqs))
+        for x, b in fresh:
+            rows[x] = b
+            b.row, b.init_ids, b.init_state = x, None, None
+        counts = [len(r.blocks) for r in reqs]
+        return Layout(reqs, rows, owners, self._batch(reqs, counts, steps),
+                      self.storage.views(total)[1])
+
+    def _hole(self) -> DeviceReq:
+        return DeviceReq(-1, self.scratch_slot, HOLE_SETTINGS, 0, [Block(0, alive=False)],
+                         alive=False, hole=True)
+
+    def _batch(self, reqs: list[DeviceReq], counts: list[int], steps: np.ndarray,
+               ) -> DenoiseBatch:
+        """The DenoiseBatch of rows [0, sum(counts)) for requests (positions) `reqs`."""
+        n = int(sum(counts))
+        ids, _ = self.storage.views(n)
+        batch = DenoiseBatch(
+            block_ids=ids, num_blocks=counts, first_starts=[r.first_start for r in reqs],
+            temperatures=[r.settings.temperature for r in reqs],
+            top_ps=[r.settings.top_p for r in reqs], seeds=[r.settings.seed for r in reqs],
+            params=self.storage.req_params, block_steps=steps,
+            top_ks=[r.settings.top_k for r in reqs], min_ps=[r.settings.min_p for r in reqs])
+        s = self.storage
+        batch.bind_rows(s.row_req[:n], s.row_start[:n], s.row_seed[:n])
+        return batch
 
     def _retire_layout(self, old: Layout | None) -> None:
         """Fold the replaced layout's counters into its requests; its rows leave it."""
@@ -268,14 +361,3 @@ def _init_ids(blocks: list[Block]) -> np.ndarray:
     if not blocks:
         return np.zeros((0, 0), np.int64)
     return np.stack([b.init_ids for b in blocks]).astype(np.int64, copy=False)
-
-
-def _same_shape(old: Layout, reqs: list[DeviceReq], rows: list[Block]) -> bool:
-    """The same requests in the same order with the same block counts, and every surviving
-    block at its old row (only new blocks take the places of retired ones)."""
-    if len(reqs) != len(old.reqs) or any(a is not b for a, b in zip(reqs, old.reqs,
-                                                                      strict=True)):
-        return False
-    if [len(r.blocks) for r in reqs] != old.batch.num_blocks:
-        return False
-    return all(b.row in (i, -1) for i, b in enumerate(rows))

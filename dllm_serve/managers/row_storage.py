@@ -49,20 +49,30 @@ class RowStorage:
                 self.state[key][:n].copy_(value)
 
     def write_rows(self, at: np.ndarray, ids: np.ndarray, states: list[RowState | None],
-                   starts: np.ndarray) -> None:
+                   starts: np.ndarray, reqs: np.ndarray, seeds: np.ndarray) -> None:
         """Rows `at` (M,) := ids (M, K) (host), fresh state (or a resumed block's own, from
-        states) and block starts (M,); the other rows stay. One host-to-device copy."""
+        states), block starts, request indexes and seeds (M,) (rows_meta's order: request,
+        start, seed); the other rows stay. One host-to-device copy."""
         m = len(at)
         if m == 0:
             return
-        packed = to_device(np.concatenate([at, starts, ids.reshape(-1)]), self.device)
-        idx, new_ids = packed[:m], packed[2 * m:].view(m, self.k)
+        packed = to_device(np.concatenate([at, reqs, starts, seeds, ids.reshape(-1)]),
+                           self.device)
+        idx, new_ids = packed[:m], packed[4 * m:].view(m, self.k)
         self.ids.index_copy_(0, idx, new_ids)
-        self.row_start.index_copy_(0, idx, packed[m:2 * m])
+        self.rows_meta.index_copy_(1, idx, packed[m:4 * m].view(3, m))
         state = self.fresh_state(new_ids, states)
         if state is not None and self.state is not None:
             for key, value in state.items():
                 self.state[key].index_copy_(0, idx, value)
+
+    def write_params(self, at: np.ndarray, params: np.ndarray, rows: int, reqs: int) -> None:
+        """Requests `at` (M,) := per-request params (P, M); rows [rows, capacity) (padding)
+        become a request of their own, index `reqs` (past every real one)."""
+        if params.size:
+            self.params.index_copy_(1, to_device(at, self.device),
+                                    to_device(params, self.device))
+        self.row_req[rows:].fill_(reqs)
 
     def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
         """State for new rows with ids (M, K): fresh from the algorithm, carried values where
