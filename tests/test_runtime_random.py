@@ -63,11 +63,13 @@ def released(e: LocalEngine) -> set[int]:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, fdfo=st.booleans(), wavefront=st.sampled_from([1, 2]),
-       needs=st.lists(st.integers(2, 6), min_size=8, max_size=8), depth=st.sampled_from([1, 2]))
+       needs=st.lists(st.integers(2, 6), min_size=8, max_size=8), depth=st.sampled_from([1, 2]),
+       mrr=st.sampled_from([3, 8]))
 def test_random_workload_keeps_pools_whole(ops: list[tuple], fdfo: bool, wavefront: int,
-                                           needs: list[int], depth: int) -> None:
-    """depth: forwards the worker keeps queued (2: what a host-bound GPU worker runs)."""
-    e = scripted_engine(fdfo=fdfo, mrr=3, pages=24, wavefront=wavefront, depth=depth,
+                                           needs: list[int], depth: int, mrr: int) -> None:
+    """depth: forwards the worker keeps queued (2: what a host-bound GPU worker runs); mrr 8:
+    enough rows that requests leaving leave holes in the device batch for others to take."""
+    e = scripted_engine(fdfo=fdfo, mrr=mrr, pages=8 * mrr, wavefront=wavefront, depth=depth,
                         need=lambda start: needs[(start // K) % len(needs)])
     submitted: list[str] = []
     for op in ops:

@@ -247,6 +247,38 @@ def test_turnovers_joins_and_leaves_patch_rows_in_place(monkeypatch: pytest.Monk
     e.assert_whole()
 
 
+def test_a_hole_never_writes_the_slot_its_request_left() -> None:
+    """Every forward names only the slots of requests the worker holds, and the scratch slot
+    for holes and padding: a request that left (finished or aborted) and whose slot the
+    scheduler has handed to the next request never has K/V written there on its behalf."""
+    e = scripted_engine(mrr=8, pages=128, need=lambda s: 2 + (s // K) % 3)
+    scratch = e.worker.runner.scratch_slot  # type: ignore[attr-defined]
+    for i in range(24):
+        e.submit(f"r{i}", prompt(1 + i % 4), max_new_tokens=(1 + i % 3) * K, ignore_eos=True)
+    log = e.worker.runner.log  # type: ignore[attr-defined]
+    launch, checked = e.worker.launch, {"forwards": 0, "holes": 0}
+
+    def checked_launch():  # type: ignore[no-untyped-def]
+        held = {r.slot for r in e.worker.batch.reqs.values()}  # at launch time
+        seen = len(log)
+        out = launch()
+        for entry in log[seen:]:
+            assert entry[0] == "forward" and set(entry[1]) <= held | {scratch}, (entry, held)
+            checked["forwards"] += 1
+            checked["holes"] += entry[1].count(scratch)
+        return out
+
+    e.worker.launch = checked_launch  # type: ignore[method-assign]
+    for n in range(400):
+        if n == 6:
+            e.sched.abort(AbortReq("r1"))
+        if not e.step():
+            break
+    assert checked["forwards"] > 20 and checked["holes"] > 0, checked  # holes did run
+    assert all(o[-1].finished for o in e.outputs.values()) and len(e.outputs) == 24
+    e.assert_whole()
+
+
 def test_prefills_that_arrive_together_merge_but_never_past_a_release() -> None:
     def pre(slot: int, n: int) -> Prefill:
         return Prefill([slot], [0], [np.arange(n)])
