@@ -146,6 +146,7 @@ class FakeRunner:
         self.block_size, self.page_size, self.num_pages = block_size, page_size, num_pages
         self.max_requests, self.graph_max_blocks = 64, 0
         self.scratch_slot = self.max_requests  # pad blocks and holes: their K/V goes nowhere
+        self.bucketed = True  # as the GPU runner: holes in the device batch are kept
         self.device = torch.device("cpu")
         self.vocab = vocab
         self.graphs = None

@@ -90,6 +90,7 @@ class ScriptedLogits:
         self.block_size, self.page_size, self.p = 2, 2, p
         self.max_requests, self.graph_max_blocks = 4, 0
         self.scratch_slot = self.max_requests
+        self.bucketed = False
         self.device = torch.device("cpu")
         self.graphs = None
         self.layouts: list[list[int]] = []

@@ -11,9 +11,10 @@ one in the same row, a request that leaves (or has no block open) leaves a *hole
 whose one row is a pad block: the runner's scratch slot, positions [0, K), its readout ignored),
 and a request that joins with one block takes a hole or appends a row; only the changed rows
 are written (one host-to-device copy). When that cannot be done (a request's block count
-changed: the wavefront; holes would cost a larger bucket or a quarter of the rows; more rows
-than the storage holds) `compact` gathers the surviving rows, appends the new blocks' ids and
-fresh state and writes them back to rows [0, N) without holes, in admission order.
+changed: the wavefront; holes would cost a larger bucket or a quarter of the rows, or any
+compute at all on an unpadded runner; more rows than the storage holds) `compact` gathers the
+surviving rows, appends the new blocks' ids and fresh state and writes them back to rows
+[0, N) without holes, in admission order.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
 array (`Layout.steps`, also the batch's `block_steps`) and its forwards in one counter, folded
 back into the blocks and requests when the layout is replaced.
@@ -91,12 +92,16 @@ class Layout:
 
 
 class ResidentBatch:
-    def __init__(self, algo: DllmAlgorithm, storage: RowStorage, scratch_slot: int) -> None:
-        """scratch_slot: the runner's request slot whose page takes pad blocks' K/V (holes)."""
+    def __init__(self, algo: DllmAlgorithm, storage: RowStorage, scratch_slot: int,
+                 padded: bool) -> None:
+        """scratch_slot: the runner's request slot whose page takes pad blocks' K/V (holes).
+        padded: the runner pads forwards to buckets (a hole within the bucket is free); an
+        unpadded (eager) runner computes every row, so holes are never kept there."""
         self.algo = algo
         self.storage = storage
         self.scratch_slot = scratch_slot
-        self.buckets = denoise_buckets(storage.capacity)  # what a forward of N rows costs
+        # what a forward of N rows costs: its bucket; None: no holes
+        self.buckets = denoise_buckets(storage.capacity) if padded else None
         self.device = storage.device
         self.k = storage.k
         self.reqs: dict[int, DeviceReq] = {}  # admission order
@@ -230,8 +235,8 @@ class ResidentBatch:
         total, live = row + appended, self.num_rows
         left = len(holes) - len(entrants) + appended
         if total > self.storage.capacity or (left and (
-                left > total // 4 or pick_bucket(total, self.buckets)
-                != pick_bucket(live, self.buckets))):
+                self.buckets is None or left > total // 4
+                or pick_bucket(total, self.buckets) != pick_bucket(live, self.buckets))):
             return None
         return self._apply_patch(old, reqs, fresh, holes, leaving, entrants, total)
 

@@ -93,7 +93,7 @@ class Worker:
         algo.bind_device(runner.device)
         rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
         self.storage = RowStorage(algo, rows, self.k, runner.device)
-        self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot)
+        self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
         runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
                        self.k + len(FLAGS))
         cuda = runner.device.type == "cuda"
