@@ -12,8 +12,9 @@
 #     RUNTIME_ARGS=... RUNTIME_MINI_ARGS=... and *_LIMIT (seconds): what the roofline / engine /
 #     runtime stages run, and for how long at most
 #
-# Optional stages (in STAGES only): engine_default, the built-in trained model end to end (FDFO
-# and sync at 16 requests, real weights, EOS honoured: where the time goes per round); attention,
+# Optional stages (in STAGES only): moe_tune and runtime_profile (6b below); engine_default,
+# the built-in trained model end to end (FDFO and sync at 16 requests, real weights, EOS
+# honoured: where the time goes per round); attention,
 # the attention kernel's launch sweep (benchmarks/attention_tune.py); runtime_default,
 # runtime_depth (the same at --dllm-pipeline-depth auto) and runtime_mini, the runtime's
 # benchmarks (benchmarks/runtime_bench.py, issue 12); sdar_roofline_8b,
@@ -97,6 +98,20 @@ stage runtime_mini ${RUNTIME_MINI_LIMIT:-420} python3 benchmarks/runtime_bench.p
   ${RUNTIME_MINI_ARGS:---suite mini-lognormal mini-histogram --repeats 2} \
   --out "$RUN/runtime_mini.json"
 
+# 6b. (optional) The fused MoE launch sweep (benchmarks/moe_tune.py: prints a MOE_LAUNCHES
+#     table for kernels/fused_moe.py), and a cProfile of the FDFO worker at 64 requests on the
+#     built-in model (DLLM_SERVE_PROFILE_WORKER; a table per worker in runtime_profile/).
+stage moe_tune ${MOE_TUNE_LIMIT:-300} python3 benchmarks/moe_tune.py --out "$RUN/moe_tune.json"
+[[ " $STAGES " == *" runtime_profile "* ]] && mkdir -p "$RUN/runtime_profile"
+stage runtime_profile 150 env DLLM_SERVE_PROFILE_WORKER="$RUN/runtime_profile/wprof" \
+  python3 benchmarks/runtime_bench.py --suite default-model --concurrency 64 \
+  --w2-concurrency 64 --prompts-per-slot 4 --repeats 1 --out "$RUN/runtime_profile/runtime.json"
+for f in "$RUN"/runtime_profile/wprof.*; do  # a cumulative-time table beside each dump
+  [[ -f $f && $f != *.txt ]] || continue
+  python3 -c 'import pstats, sys
+pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_stats("dllm_serve", 45)' "$f" > "$f.txt"
+done
+
 # 7. (optional) SDAR (issue 17): the round roofline at SDAR-8B's / SDAR-30B-A3B's shapes (B=16 /
 #    64, prefix ~1k / ~4k), the engine end to end at 64 and 128 requests. Its gpu tests:
 #    TESTS="tests/test_kernels_sdar.py" TEST_FLAGS="-m gpu".
@@ -134,7 +149,7 @@ stage sdar_engine_30b 300 python3 benchmarks/engine_gpu.py --preset sdar-30b-a3b
 if [[ $RUN != "$OUT" ]]; then
   cp "$RUN/summary.md" "$OUT/"
   for f in tests.log roofline.json engine_gpu.json attention_tune.json runtime_default.json \
-    runtime_depth_auto.json runtime_mini.json; do
+    runtime_depth_auto.json runtime_mini.json moe_tune.json; do
     [[ -f $RUN/$f ]] && cp "$RUN/$f" "$OUT/"
   done
   tar -czf "$OUT/all.tar.gz" -C "$RUN" .
