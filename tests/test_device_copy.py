@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_serve.utils.device import PinnedRing, to_device
+from dllm_serve.utils.device import PinnedRing, host_buffer, to_device
 
 
 def test_cpu_copies_are_plain() -> None:
@@ -51,3 +51,27 @@ def test_to_device_on_cuda_matches_the_array() -> None:
     for n in (0, 1, 7, 100_000, 2_500_000):  # the last: larger than a ring part
         a = np.arange(n, dtype=np.int64)
         assert np.array_equal(to_device(a, dev).cpu().numpy(), a)
+
+
+@pytest.mark.gpu
+def test_host_buffers_filled_in_turn_copy_intact() -> None:
+    """What the bucketed forwards do per forward: fill a host buffer of the ring, copy it into
+    one fixed device buffer, many times while work is queued; each copy lands whole."""
+    dev = torch.device("cuda")
+    meta = torch.zeros(50_000, dtype=torch.int64, device=dev)
+    big = torch.randn(4096, 4096, device=dev)
+    seen = []
+    for i in range(300):
+        big = big @ big
+        big /= big.norm()
+        host = host_buffer(meta.numel(), torch.int64, dev)
+        host.numpy()[:] = i
+        meta.copy_(host, non_blocking=True)
+        seen.append(meta.sum())  # read in stream order, before the next copy
+    torch.cuda.synchronize()
+    assert [int(x) for x in seen] == [i * meta.numel() for i in range(300)]
+
+
+def test_host_buffer_on_the_cpu_is_a_plain_tensor() -> None:
+    t = host_buffer(7, torch.int64, torch.device("cpu"))
+    assert t.shape == (7,) and t.dtype == torch.int64 and not t.is_pinned()

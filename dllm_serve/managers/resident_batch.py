@@ -252,7 +252,7 @@ class ResidentBatch:
         for r in entrants:
             if holes:
                 i = holes.pop(0)
-                reqs[i] = r
+                reqs[i], owners[offsets[i]] = r, r
             else:
                 i = len(reqs)
                 reqs.append(r)
@@ -260,8 +260,7 @@ class ResidentBatch:
                 rows.append(r.blocks[0])
                 owners.append(r)
             placed.append(i)
-            fresh.append((offsets[i], r.blocks[0]))
-            rows[offsets[i]], owners[offsets[i]] = r.blocks[0], r
+            fresh.append((offsets[i], r.blocks[0]))  # its row is set with the others below
         for r in old.reqs:
             r.past_forwards += old.launches
         for b in old.rows:

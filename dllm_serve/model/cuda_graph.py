@@ -1,12 +1,12 @@
 """Bucketed static forwards, and CUDA graphs of them: the base of prefill and denoise forwards.
 
-`BucketedForwards` owns the static metadata (graph_layout.py: pinned host buffers in turn, one
-device buffer, one host-to-device copy per forward) and one `StaticForward` per bucket: a
-ForwardBatch over prefixes of the static buffers with a fixed attention plan, so each bucket
-launches the
-same kernels with the same arguments every time. `capture` records each bucket's work in a CUDA
-graph (largest bucket first, after warm-up runs on a side stream, every graph of the runner in
-one private memory pool: only one runs at a time); `warm_up` runs each bucket's work once
+`BucketedForwards` owns the static metadata (graph_layout.py: filled in the pinned staging
+ring of utils/device.py, one device buffer, one host-to-device copy per forward) and one
+`StaticForward` per bucket: a ForwardBatch over prefixes of the static buffers with a fixed
+attention plan, so each bucket launches the same kernels with the same arguments every time.
+`capture` records each bucket's work in a CUDA graph (largest bucket first, after warm-up runs
+on a side stream, every graph of the runner in one private memory pool: only one runs at a
+time); `warm_up` runs each bucket's work once
 instead, when graphs are off. Either way every Triton kernel a bucket needs is compiled before
 the server is ready. Without either (the CPU) the same static forwards run eagerly: the tests
 check padding and metadata that way.
@@ -27,12 +27,11 @@ from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.graph_layout import MetaLayout, fill_meta
-from dllm_serve.utils.device import record_event
+from dllm_serve.utils.device import host_buffer
 
 logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # runs before a capture (compile, allocator, cuBLAS workspaces)
-HOST_BUFFERS = 4  # pinned metadata buffers in turn (the worker queues at most two forwards)
 
 
 @dataclass
@@ -86,16 +85,7 @@ class BucketedForwards:
         self.layout, self.buckets = layout, buckets
         self.scratch_slot, self.pad_id = scratch_slot, pad_id
         dev = kv.req_to_page.device
-        # HOST_BUFFERS pinned host buffers taken in turn: a fill waits only for the copy out of
-        # the buffer it reuses, issued HOST_BUFFERS fills earlier (with two forwards queued the
-        # previous fill's copy has not run yet)
-        pinned = dev.type == "cuda"
-        self.hosts = [torch.zeros(layout.size, dtype=torch.int64, pin_memory=pinned)
-                      for _ in range(HOST_BUFFERS)]
-        self.copied: list[torch.cuda.Event | None] = [None] * HOST_BUFFERS  # copy out of each
-        self.turn = 0
         self.meta = torch.zeros(layout.size, dtype=torch.int64, device=dev)
-        self.stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None  # fills'
         self.ids = self.field("ids", layout.max_tokens) if ids is None else ids.view(-1)
         self.forwards = {b: self._static_forward(b) for b in buckets}
         self.captured = False
@@ -120,15 +110,10 @@ class BucketedForwards:
     def fill(self, bucket: int, req_slots: list[int], first_starts: list[int],
              num_blocks: list[int], ids: np.ndarray | None = None) -> None:
         """The metadata of one forward (padded to `bucket`), copied to the device."""
-        self.turn = (self.turn + 1) % HOST_BUFFERS
-        host, copied = self.hosts[self.turn], self.copied[self.turn]
-        if copied is not None:
-            copied.synchronize()  # its last copy may still read it
+        host = host_buffer(self.layout.size, torch.int64, self.meta.device)
         fill_meta(host.numpy(), self.layout, bucket, req_slots, first_starts, num_blocks,
                   self.attn.tokens_per_tile, self.scratch_slot, ids, self.pad_id)
         self.meta.copy_(host, non_blocking=True)
-        if self.stream is not None:
-            self.copied[self.turn] = record_event(self.stream)
 
     def hidden(self, static: StaticForward) -> torch.Tensor:
         """The bucket's model forward (KV slots of the tokens, then the layers) -> (T_pad,

@@ -11,7 +11,8 @@ segment layout change freely while every launch keeps its grid: a bucket's kerne
 compiled (and its graph captured) once, at startup, and never again.
 
 The metadata of one forward is one int64 buffer (one host-to-device copy), fields at fixed
-offsets sized for the largest bucket; a bucket uses a prefix of each field:
+offsets sized for the largest bucket; a bucket uses a prefix of each field (fill_meta writes
+that prefix whole; what lies past it is never read by the bucket and may be anything):
   positions (T_max,)   absolute position of each token (pad tokens: 0..K-1)
   token_slot (T_max,)  request slot of each token (pad tokens: the scratch slot)
   seg_req, seg_starts, seg_lens (N_max,)  per segment: real segments, then one per pad block,

@@ -41,13 +41,18 @@ class PinnedRing:
 
     def stage(self, array: np.ndarray) -> torch.Tensor:
         """A pinned tensor holding a copy of the (contiguous) array."""
-        n = array.nbytes
+        t = self.take(array.size, torch.from_numpy(array[:0]).dtype)
+        t.numpy()[:] = array.reshape(-1)
+        return t.view(array.shape)
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned (numel,) tensor of the ring, to fill and copy to the device before the ring
+        comes round again (its content: whatever was there)."""
+        n = numel * dtype.itemsize
         if n > self.part:
-            return torch.from_numpy(array).pin_memory()
+            return torch.empty(numel, dtype=dtype, pin_memory=True)
         start = self._reserve(n)
-        self.host[start:start + n] = array.reshape(-1).view(np.uint8)
-        return self.buf[start:start + n].view(torch.from_numpy(array[:0]).dtype).view(
-            array.shape)
+        return self.buf[start:start + n].view(dtype)
 
     def _reserve(self, n: int) -> int:
         """The first byte of n free bytes (n <= one part), fenced against earlier copies."""
@@ -75,6 +80,22 @@ class PinnedRing:
 _RINGS: dict[torch.device, PinnedRing] = {}
 
 
+def _ring(device: torch.device) -> PinnedRing:
+    ring = _RINGS.get(device)
+    if ring is None:
+        ring = _RINGS[device] = PinnedRing(device)
+    return ring
+
+
+def host_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host (numel,) tensor to fill and then copy to `device` with
+    `copy_(..., non_blocking=True)`: on CUDA a region of the device's pinned ring (never read
+    again after that copy), elsewhere a new tensor. Its initial content is unspecified."""
+    if device.type != "cuda":
+        return torch.empty(numel, dtype=dtype)
+    return _ring(device).take(numel, dtype)
+
+
 def to_device(array: np.ndarray | Sequence[int] | Sequence[float], device: torch.device,
               dtype: torch.dtype | None = None) -> torch.Tensor:
     """One host-to-device copy that does not wait for the device (pinned staging on CUDA)."""
@@ -83,10 +104,7 @@ def to_device(array: np.ndarray | Sequence[int] | Sequence[float], device: torch
         t = t.to(dtype)
     if device.type != "cuda":
         return t.to(device)
-    ring = _RINGS.get(device)
-    if ring is None:
-        ring = _RINGS[device] = PinnedRing(device)
-    return ring.stage(np.ascontiguousarray(t.numpy())).to(device, non_blocking=True)
+    return _ring(device).stage(np.ascontiguousarray(t.numpy())).to(device, non_blocking=True)
 
 
 def record_event(stream: torch.cuda.Stream, timing: bool = False) -> torch.cuda.Event:
