@@ -179,10 +179,11 @@ def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any],
 
 
 def print_row(r: dict[str, Any]) -> None:
+    split = " ".join(f"{k} {v:.3f}" for k, v in r.get("host_split_ms_per_forward", {}).items())
     print(f"{r['suite']:15s} {r['setting']:8s} C={r['concurrency']:3d}: "
           f"{r['output_tokens_per_s']:9.1f} tok/s  busy {100 * r.get('busy_fraction', 0):5.1f}%"
           f"  idle {100 * r.get('idle_fraction', 0):5.2f}%  fwd {r.get('forward_ms_mean', 0):6.2f}"
-          f" ms  host/fwd {r.get('host_ms_per_forward', 0):6.3f} ms  "
+          f" ms  host/fwd {r.get('host_ms_per_forward', 0):6.3f} ms ({split})  "
           f"fwd/block {r['forwards_per_block_mean']:5.1f}", flush=True)
 
 

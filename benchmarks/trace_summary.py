@@ -37,6 +37,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     host = [r for r in records if r["kind"] == "host"]
     host_ms = sum(1e3 * (r["t1"] - r["t0"]) - r["wait_ms"] for r in host)
     n = max(1, len(denoise))
+    phases = [sum(r.get("phases_ms", [0.0] * 3)[i] for r in host) for i in range(3)]
+    messages = host_ms - sum(phases) + sum(r["wait_ms"] for r in host)
     return {
         "span_s": span_ms / 1e3, "forwards": len(denoise), "prefills": len(items) - len(denoise),
         "forwards_per_s": 1e3 * len(denoise) / span_ms if span_ms > 0 else 0.0,
@@ -46,6 +48,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
         "gap_ms_mean": gap_ms / max(1, len(items) - 1),
         "rows_mean": sum(r["rows"] for r in denoise) / n,
         "host_ms_per_forward": host_ms / n,
+        # host_ms_per_forward split: changes (prefill launches among them), launch, collect
+        # (without the wait), messages (receive + send)
+        "host_split_ms_per_forward": {
+            "changes": phases[0] / n, "launch": phases[1] / n,
+            "collect": (phases[2] - sum(r["wait_ms"] for r in host)) / n, "messages": messages / n},
         **{k: v for k, v in stalls(items).items() if k != "slow"},
     }
 

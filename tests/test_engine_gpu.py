@@ -57,14 +57,20 @@ def test_trace_summary() -> None:
         return {"kind": kind, "t0": 0.0, "t1": 0.0, "rows": 4, "gpu_ms": gpu, "gap_ms": gap}
 
     records = [item("prefill", 2.0, 50.0), item("denoise", 6.0, 1.0), item("denoise", 1.0, 0.0),
-               {"kind": "host", "t0": 0.0, "t1": 0.003, "wait_ms": 1.0},
-               {"kind": "host", "t0": 0.0, "t1": 0.002, "wait_ms": 0.0}]
+               {"kind": "host", "t0": 0.0, "t1": 0.003, "wait_ms": 1.0,
+                "phases_ms": [0.5, 0.25, 1.75]},
+               {"kind": "host", "t0": 0.0, "t1": 0.002, "wait_ms": 0.0,
+                "phases_ms": [0.0, 1.0, 0.5]}]
     s = summarize(records)
     assert s["forwards"] == 2 and s["prefills"] == 1
     assert s["span_s"] == pytest.approx(0.010)  # 9 ms of items + 1 ms of gap (the 50 excluded)
     assert s["idle_fraction"] == pytest.approx(0.1) and s["busy_fraction"] == pytest.approx(0.9)
     assert s["forward_ms_mean"] == pytest.approx(3.5)
     assert s["host_ms_per_forward"] == pytest.approx((3.0 - 1.0 + 2.0) / 2)
+    split = s["host_split_ms_per_forward"]  # collect without the wait; messages: the rest
+    assert split == pytest.approx({"changes": 0.25, "launch": 0.625, "collect": 0.625,
+                                   "messages": 0.5})
+    assert sum(split.values()) == pytest.approx(s["host_ms_per_forward"])
     assert s["median_round_ms"] == pytest.approx(3.5) and s["worst_item_kind"] == "denoise"
     assert s["worst_item_ratio"] == pytest.approx(6.0 / 3.5)
     assert [r["gpu_ms"] for r in stalls(records, factor=1.5)["slow"]] == [6.0]
@@ -115,6 +121,9 @@ def test_trace_file_is_written_by_the_worker(no_weights_dir: Path, tmp_path: Pat
     assert all(r["gpu_ms"] > 0 and r["gap_ms"] >= 0 for r in items)
     assert sum(r["kind"] == "prefill" for r in items) == 1
     assert summarize(records)["forwards"] == sum(r["kind"] == "denoise" for r in items)
+    for r in (r for r in records if r["kind"] == "host"):  # the phases lie inside the iteration
+        assert len(r["phases_ms"]) == 3 and min(r["phases_ms"]) >= 0
+        assert sum(r["phases_ms"]) <= 1e3 * (r["t1"] - r["t0"]) + 1e-6
 
 
 # ---- on the GPU ------------------------------------------------------------------------------

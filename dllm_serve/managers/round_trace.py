@@ -7,7 +7,9 @@ With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON line
   events around the item; wall time on the CPU) and gap_ms (device idle between the previous
   item's end and this one's start: CUDA events, so exact; 0 for the first item);
 - per loop iteration with work ("host"): t0 / t1 and wait_ms, the part of it the host spent
-  blocked on the device (reading a step back), so t1 - t0 - wait_ms is host work.
+  blocked on the device (reading a step back), so t1 - t0 - wait_ms is host work; phases_ms
+  splits it: applying the scheduler's changes (prefill launches among them), join + launch,
+  collect (wait_ms included) + report; the rest is receiving and sending messages.
 Items are written once their end event has completed, never waiting for it. The readers are in
 benchmarks/trace_summary.py.
 """
@@ -65,8 +67,11 @@ class Tracer:
         self._encode()
         self.out.flush()
 
-    def host(self, t0: float, t1: float, wait_s: float) -> None:
-        self._write({"kind": "host", "t0": t0, "t1": t1, "wait_ms": 1e3 * wait_s})
+    def host(self, t0: float, t1: float, wait_s: float, phases_s: list[float]) -> None:
+        """One loop iteration: [t0, t1], wait_s of it blocked on readouts, phases_s the
+        worker's split of it (Worker.phase_s: changes, launch, collect incl. the wait)."""
+        self._write({"kind": "host", "t0": t0, "t1": t1, "wait_ms": 1e3 * wait_s,
+                     "phases_ms": [1e3 * p for p in phases_s]})
 
     def _mark(self) -> Any:
         if not self.cuda:

@@ -112,6 +112,9 @@ class Worker:
         self.report = ReportBuilder(report_every_s)
         self.boundary = True  # sync: the last collect retired the whole batch
         self.wait_s = 0.0  # time spent waiting for the device's readouts (for the trace)
+        # host seconds per phase of iterate (for the trace): the scheduler's changes (prefill
+        # launches among them), join + launch, readback (its wait included) + retire / open
+        self.phase_s = [0.0, 0.0, 0.0]
         self.max_steps = algo.max_steps(self.k)
         self.max_prefill_tokens = max_prefill_tokens
 
@@ -126,16 +129,24 @@ class Worker:
     def iterate(self, items: list[WorkItem]) -> WorkerReport | None:
         """Apply the scheduler's changes, launch the next forward, read the previous one
         back; returns a report when there is one to send."""
+        t0 = time.monotonic()
         for item in merge_prefills(items, self.max_prefill_tokens):
             self.apply(item)
+        t1 = time.monotonic()
         self.join()
         launched = self.launch() if self.batch.num_rows else None
         if launched is not None:
             self.inflight.append(launched)
+        t2 = time.monotonic()
         while self.inflight and (launched is None or len(self.inflight) > self.depth):
             self.collect(self.inflight.popleft())
         self.join()
-        return self.report.take(self.idle)
+        report = self.report.take(self.idle)
+        phases = self.phase_s
+        phases[0] += t1 - t0
+        phases[1] += t2 - t1
+        phases[2] += time.monotonic() - t2
+        return report
 
     # ---- changes from the scheduler -----------------------------------------------------
 

@@ -61,8 +61,9 @@ def loop(worker: Worker, rx: Receiver, tx: Sender) -> None:
         if report is not None:
             tx.send(report)
         if worker.tracer is not None and not worker.idle:
-            worker.tracer.host(t0, time.monotonic(), worker.wait_s)
+            worker.tracer.host(t0, time.monotonic(), worker.wait_s, worker.phase_s)
         worker.wait_s = 0.0
+        worker.phase_s = [0.0, 0.0, 0.0]
 
 
 def profiled(fn, *args: Any) -> None:  # type: ignore[no-untyped-def]
