@@ -6,7 +6,7 @@ forward costs when requests join and leave every few forwards.
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the
 CPU; the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after
-writing the bucketed path's metadata (graph_layout.fill_meta, what a CUDA-graph forward needs
+writing the bucketed path's metadata (graph_layout.MetaWriter, what a CUDA-graph forward needs
 from the host); the algorithm is benchmarks/scheduled_denoise.py's ScheduledDenoise (each block
 takes a lognormal number of forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per
 running slot. Reported per setting: worker host ms per forward (time inside Worker.iterate over
@@ -40,7 +40,7 @@ from dllm_serve.managers.scheduler import Scheduler  # noqa: E402
 from dllm_serve.managers.scheduler_config import SchedulerConfig  # noqa: E402
 from dllm_serve.managers.worker import Worker  # noqa: E402
 from dllm_serve.model.denoise_run import DenoiseRun  # noqa: E402
-from dllm_serve.model.graph_layout import MetaLayout, fill_meta  # noqa: E402
+from dllm_serve.model.graph_layout import MetaLayout, MetaWriter  # noqa: E402
 
 K, MASK, EOS, VOCAB = 32, 15, 14, 16
 
@@ -51,14 +51,13 @@ class MetaRunner(FakeRunner):
     def __init__(self, num_pages: int, page_size: int, max_requests: int) -> None:
         super().__init__(K, num_pages, page_size, VOCAB)
         self.max_requests = self.scratch_slot = max_requests
-        self.layout = MetaLayout(256, K, 1)
-        self.buf = np.zeros(self.layout.size, dtype=np.int64)
+        self.meta = MetaWriter(MetaLayout(256, K, 1), K, 255)
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                         block_ids: torch.Tensor) -> DenoiseRun:
         n = sum(num_blocks)
         bucket = 1 << max(0, (n - 1).bit_length())
-        fill_meta(self.buf, self.layout, bucket, slots, first_starts, num_blocks, K, 255)
+        self.meta.write(bucket, slots, first_starts, num_blocks)
         logits = torch.zeros(block_ids.numel(), VOCAB)
         return DenoiseRun(lambda: logits)
 

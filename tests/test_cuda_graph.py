@@ -25,7 +25,7 @@ from dllm_serve.managers.messages import AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.buckets import denoise_buckets, pick_bucket
 from dllm_serve.model.denoise_graphs import DenoiseGraphs
-from dllm_serve.model.graph_layout import MetaLayout, fill_meta
+from dllm_serve.model.graph_layout import MetaLayout, MetaWriter, fill_meta
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
@@ -62,6 +62,38 @@ def test_fill_meta_pads_with_scratch_blocks() -> None:
     assert field["positions"][:16].tolist() == [*range(40, 44)] + [0, 1, 2, 3] * 3
     assert field["seg_lens"][:4].tolist() == [4, 4, 4, 4]
     assert layout.tiles_view(buf, 4)[:, 3].tolist() == [4, 4, 4, 4]
+
+
+def test_meta_writer_patches_moved_segments_as_a_full_fill_would() -> None:
+    """Forwards with the previous bucket and segment lengths rewrite only the segments whose
+    slot or start moved; the buffer always equals a full fill_meta of the forward."""
+    layout = MetaLayout(max_blocks=16, block_size=4, tiles_per_block=2)
+    rng = np.random.default_rng(0)
+    writer = MetaWriter(layout, tokens_per_tile=2, scratch_slot=30)
+    full = np.zeros(layout.size, dtype=np.int64)
+    counts = [1, 2, 1]
+    slots, starts = [4, 7, 9], [8, 0, 20]
+    patched = 0
+    for i in range(60):
+        if i % 15 == 14:  # the wavefront or a leaver: other segment lengths
+            counts = rng.integers(1, 3, size=int(rng.integers(1, 6))).tolist()
+            slots = rng.permutation(20)[:len(counts)].tolist()
+            starts = (4 * rng.integers(0, 50, size=len(counts))).tolist()
+        elif i % 5:  # blocks retire and the next open; a request takes a leaver's place
+            j = int(rng.integers(0, len(counts)))
+            starts[j] += 4 * counts[j]
+            if i % 3 == 0:
+                slots[j] = int(rng.integers(0, 20))
+        bucket = 16 if sum(counts) > 8 else 8
+        last = writer.last
+        changed = writer.write(bucket, slots, starts, counts)
+        fill_meta(full, layout, bucket, slots, starts, counts, 2, 30)
+        assert np.array_equal(writer.host, full), i
+        same_shape = last is not None and last[0] == bucket and last[3].tolist() == counts
+        patched += same_shape and changed
+        if same_shape:  # unchanged metadata is reported so (no copy)
+            assert changed == (last[1].tolist() != slots or last[2].tolist() != starts)
+    assert patched >= 30
 
 
 def runner_for(args: ServerArgs) -> tuple[ModelRunner, int]:

@@ -69,9 +69,13 @@ class RowStorage:
     def write_params(self, at: np.ndarray, params: np.ndarray, rows: int, reqs: int) -> None:
         """Requests `at` (M,) := per-request params (P, M); rows [rows, capacity) (padding)
         become a request of their own, index `reqs` (past every real one)."""
-        if params.size:
-            self.params.index_copy_(1, to_device(at, self.device),
-                                    to_device(params, self.device))
+        if params.size:  # one copy: the indexes' bytes, then the values'
+            m = len(at)
+            packed = to_device(np.concatenate([at.astype(np.int64).view(np.uint8),
+                                               params.astype(np.float32).reshape(-1)
+                                               .view(np.uint8)]), self.device)
+            self.params.index_copy_(1, packed[:8 * m].view(torch.int64),
+                                    packed[8 * m:].view(torch.float32).view(params.shape))
         self.row_req[rows:].fill_(reqs)
 
     def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:

@@ -1,7 +1,8 @@
 """Bucketed static forwards, and CUDA graphs of them: the base of prefill and denoise forwards.
 
-`BucketedForwards` owns the static metadata (graph_layout.py: filled in the pinned staging
-ring of utils/device.py, one device buffer, one host-to-device copy per forward) and one
+`BucketedForwards` owns the static metadata (graph_layout.py: written on the host by a
+`MetaWriter`, staged in the pinned ring of utils/device.py, one device buffer, one
+host-to-device copy per forward whose metadata changed) and one
 `StaticForward` per bucket: a ForwardBatch over prefixes of the static buffers with a fixed
 attention plan, so each bucket launches the same kernels with the same arguments every time.
 `capture` records each bucket's work in a CUDA graph (largest bucket first, after warm-up runs
@@ -26,7 +27,7 @@ from dllm_serve.kernels.block_attention import TILE_FIELDS
 from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.forward_batch import ForwardBatch
-from dllm_serve.model.graph_layout import MetaLayout, fill_meta
+from dllm_serve.model.graph_layout import MetaLayout, MetaWriter
 from dllm_serve.utils.device import host_buffer
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class BucketedForwards:
         self.scratch_slot, self.pad_id = scratch_slot, pad_id
         dev = kv.req_to_page.device
         self.meta = torch.zeros(layout.size, dtype=torch.int64, device=dev)
+        self.writer = MetaWriter(layout, attn.tokens_per_tile, scratch_slot, pad_id)
         self.ids = self.field("ids", layout.max_tokens) if ids is None else ids.view(-1)
         self.forwards = {b: self._static_forward(b) for b in buckets}
         self.captured = False
@@ -109,10 +111,12 @@ class BucketedForwards:
 
     def fill(self, bucket: int, req_slots: list[int], first_starts: list[int],
              num_blocks: list[int], ids: np.ndarray | None = None) -> None:
-        """The metadata of one forward (padded to `bucket`), copied to the device."""
+        """The metadata of one forward (padded to `bucket`), copied to the device unless it
+        is already there (the writer's host copy mirrors `meta`)."""
+        if not self.writer.write(bucket, req_slots, first_starts, num_blocks, ids):
+            return
         host = host_buffer(self.layout.size, torch.int64, self.meta.device)
-        fill_meta(host.numpy(), self.layout, bucket, req_slots, first_starts, num_blocks,
-                  self.attn.tokens_per_tile, self.scratch_slot, ids, self.pad_id)
+        np.copyto(host.numpy(), self.writer.host)
         self.meta.copy_(host, non_blocking=True)
 
     def hidden(self, static: StaticForward) -> torch.Tensor:

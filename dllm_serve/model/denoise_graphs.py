@@ -66,8 +66,9 @@ class DenoiseGraphs(BucketedForwards):
         static = self.forwards[bucket]
         self.fill(bucket, req_slots, first_starts, num_blocks)
         t = n * self.layout.block_size
-        self.ids[t:static.tokens].fill_(self.pad_id)
         resident = block_ids.data_ptr() == self.ids.data_ptr()
+        if not resident:  # resident rows past N hold earlier blocks' ids: valid tokens too
+            self.ids[t:static.tokens].fill_(self.pad_id)
 
         def forward() -> torch.Tensor:
             if not resident:

@@ -20,6 +20,10 @@ that prefix whole; what lies past it is never read by the bucket and may be anyt
   ids (T_max,)         token ids (prefill layouts only; pad tokens: the pad id)
   tiles (N_max * tiles_per_block, 5) int32, viewed in the int64 buffer: the attention tile
                        table (kernels/block_attention.plan_tiles), unused rows of length 0.
+`MetaWriter` keeps the host copy of one buffer and, when a forward has the previous one's
+bucket and segment lengths (the usual case while serving: a request's next block replaces its
+finished one, a request takes a leaver's place), rewrites only the segments whose request slot
+or start moved instead of the whole buffer.
 """
 
 from __future__ import annotations
@@ -113,3 +117,59 @@ def fill_meta(buf: np.ndarray, layout: MetaLayout, bucket: int, req_slots: list[
     tiles[:len(used)] = used
     tiles[len(used):] = 0  # length-0 rows: their programs write nothing
     assert len(lens) <= bucket and len(used) <= len(tiles)
+
+
+def update_meta(buf: np.ndarray, layout: MetaLayout, changed: np.ndarray, req_slots: np.ndarray,
+                first_starts: np.ndarray, num_blocks: np.ndarray, tokens_per_tile: int) -> None:
+    """Rewrite real segments `changed` (C,) of a buffer that fill_meta wrote with the same
+    bucket and num_blocks (B,): their request slot and start from req_slots / first_starts
+    (B,); everything else in `buf` stays. Equal to a full fill_meta of the new values."""
+    k = layout.block_size
+    lens = num_blocks.astype(np.int64) * k  # (B,) tokens per real segment
+    tok0 = np.cumsum(lens) - lens
+    c_lens, c_starts, c_slots = lens[changed], first_starts[changed], req_slots[changed]
+    within = np.arange(int(c_lens.sum())) - np.repeat(np.cumsum(c_lens) - c_lens, c_lens)
+    toks = np.repeat(tok0[changed], c_lens) + within  # the changed segments' tokens
+    buf[layout.offset("positions") + toks] = np.repeat(c_starts, c_lens) + within
+    buf[layout.offset("token_slot") + toks] = np.repeat(c_slots, c_lens)
+    buf[layout.offset("seg_req") + changed] = c_slots
+    buf[layout.offset("seg_starts") + changed] = c_starts
+    per_seg = -(-lens // tokens_per_tile)  # tiles per segment: the real ones come first
+    c_tiles = per_seg[changed]
+    first = np.repeat((np.cumsum(per_seg) - per_seg)[changed], c_tiles)
+    rows = first + np.arange(len(first)) - np.repeat(np.cumsum(c_tiles) - c_tiles, c_tiles)
+    flat = buf[layout.offset("tiles"):].view(np.int32)
+    flat[rows * TILE_FIELDS + 2] = np.repeat(c_starts, c_tiles)  # the tiles' seg_start
+
+
+class MetaWriter:
+    """The host copy of one metadata buffer and what it was last written with.
+
+    Invariant: `host` holds exactly what fill_meta would write for the last (bucket, slots,
+    starts, num_blocks); a write with the same bucket and num_blocks (and no ids) patches the
+    segments that differ (update_meta), any other write fills the buffer anew."""
+
+    def __init__(self, layout: MetaLayout, tokens_per_tile: int, scratch_slot: int,
+                 pad_id: int = 0) -> None:
+        self.layout, self.tpt = layout, tokens_per_tile
+        self.scratch_slot, self.pad_id = scratch_slot, pad_id
+        self.host = np.zeros(layout.size, dtype=np.int64)
+        self.last: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def write(self, bucket: int, req_slots: list[int], first_starts: list[int],
+              num_blocks: list[int], ids: np.ndarray | None = None) -> bool:
+        """Bring `host` to this forward's metadata; False when it already was."""
+        slots = np.asarray(req_slots, dtype=np.int64)
+        starts = np.asarray(first_starts, dtype=np.int64)
+        counts = np.asarray(num_blocks, dtype=np.int64)
+        last = self.last
+        self.last = (bucket, slots, starts, counts)
+        if ids is None and last is not None and last[0] == bucket \
+                and np.array_equal(last[3], counts):
+            changed = np.flatnonzero((slots != last[1]) | (starts != last[2]))
+            if len(changed):
+                update_meta(self.host, self.layout, changed, slots, starts, counts, self.tpt)
+            return len(changed) > 0
+        fill_meta(self.host, self.layout, bucket, req_slots, first_starts, num_blocks, self.tpt,
+                  self.scratch_slot, ids, self.pad_id)
+        return True

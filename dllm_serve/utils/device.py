@@ -41,9 +41,12 @@ class PinnedRing:
 
     def stage(self, array: np.ndarray) -> torch.Tensor:
         """A pinned tensor holding a copy of the (contiguous) array."""
-        t = self.take(array.size, torch.from_numpy(array[:0]).dtype)
-        t.numpy()[:] = array.reshape(-1)
-        return t.view(array.shape)
+        n = array.nbytes
+        if n > self.part:
+            return torch.from_numpy(array).pin_memory()
+        start = self._reserve(n)  # the copy goes through the ring's numpy view: no torch op
+        self.host[start:start + n] = array.reshape(-1).view(np.uint8)
+        return self.buf[start:start + n].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
 
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A pinned (numel,) tensor of the ring, to fill and copy to the device before the ring
@@ -78,6 +81,10 @@ class PinnedRing:
 
 
 _RINGS: dict[torch.device, PinnedRing] = {}
+_TORCH_DTYPES = {np.dtype(d): t for d, t in (
+    (np.int64, torch.int64), (np.int32, torch.int32), (np.float32, torch.float32),
+    (np.float64, torch.float64), (np.bool_, torch.bool), (np.uint8, torch.uint8),
+    (np.int16, torch.int16), (np.int8, torch.int8), (np.float16, torch.float16))}
 
 
 def _ring(device: torch.device) -> PinnedRing:
@@ -99,6 +106,10 @@ def host_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.T
 def to_device(array: np.ndarray | Sequence[int] | Sequence[float], device: torch.device,
               dtype: torch.dtype | None = None) -> torch.Tensor:
     """One host-to-device copy that does not wait for the device (pinned staging on CUDA)."""
+    if device.type == "cuda" and isinstance(array, np.ndarray) and dtype is None \
+            and array.dtype in _TORCH_DTYPES:  # the worker's per-forward path: numpy only
+        staged = _ring(device).stage(np.ascontiguousarray(array))
+        return staged.to(device, non_blocking=True)
     t = torch.from_numpy(array) if isinstance(array, np.ndarray) else torch.tensor(array)
     if dtype is not None:
         t = t.to(dtype)
