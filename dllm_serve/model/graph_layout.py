@@ -119,42 +119,30 @@ def fill_meta(buf: np.ndarray, layout: MetaLayout, bucket: int, req_slots: list[
     assert len(lens) <= bucket and len(used) <= len(tiles)
 
 
-def update_meta(buf: np.ndarray, layout: MetaLayout, changed: np.ndarray, req_slots: np.ndarray,
-                first_starts: np.ndarray, num_blocks: np.ndarray, tokens_per_tile: int) -> None:
-    """Rewrite real segments `changed` (C,) of a buffer that fill_meta wrote with the same
-    bucket and num_blocks (B,): their request slot and start from req_slots / first_starts
-    (B,); everything else in `buf` stays. Equal to a full fill_meta of the new values."""
-    k = layout.block_size
-    lens = num_blocks.astype(np.int64) * k  # (B,) tokens per real segment
-    tok0 = np.cumsum(lens) - lens
-    c_lens, c_starts, c_slots = lens[changed], first_starts[changed], req_slots[changed]
-    within = np.arange(int(c_lens.sum())) - np.repeat(np.cumsum(c_lens) - c_lens, c_lens)
-    toks = np.repeat(tok0[changed], c_lens) + within  # the changed segments' tokens
-    buf[layout.offset("positions") + toks] = np.repeat(c_starts, c_lens) + within
-    buf[layout.offset("token_slot") + toks] = np.repeat(c_slots, c_lens)
-    buf[layout.offset("seg_req") + changed] = c_slots
-    buf[layout.offset("seg_starts") + changed] = c_starts
-    per_seg = -(-lens // tokens_per_tile)  # tiles per segment: the real ones come first
-    c_tiles = per_seg[changed]
-    first = np.repeat((np.cumsum(per_seg) - per_seg)[changed], c_tiles)
-    rows = first + np.arange(len(first)) - np.repeat(np.cumsum(c_tiles) - c_tiles, c_tiles)
-    flat = buf[layout.offset("tiles"):].view(np.int32)
-    flat[rows * TILE_FIELDS + 2] = np.repeat(c_starts, c_tiles)  # the tiles' seg_start
-
-
 class MetaWriter:
     """The host copy of one metadata buffer and what it was last written with.
 
     Invariant: `host` holds exactly what fill_meta would write for the last (bucket, slots,
-    starts, num_blocks); a write with the same bucket and num_blocks (and no ids) patches the
-    segments that differ (update_meta), any other write fills the buffer anew."""
+    starts, num_blocks); a write with the same bucket and num_blocks (and no ids) rewrites the
+    segments whose slot or start differ (their tokens' positions and slots, their segment
+    entries, their tiles' start), any other write fills the buffer anew."""
 
     def __init__(self, layout: MetaLayout, tokens_per_tile: int, scratch_slot: int,
                  pad_id: int = 0) -> None:
         self.layout, self.tpt = layout, tokens_per_tile
         self.scratch_slot, self.pad_id = scratch_slot, pad_id
         self.host = np.zeros(layout.size, dtype=np.int64)
-        self.last: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        view = {f: self.host[layout.offset(f):] for f in ("positions", "token_slot", "seg_req",
+                                                          "seg_starts")}
+        self.positions, self.token_slot = view["positions"], view["token_slot"]
+        self.seg_req, self.seg_starts = view["seg_req"], view["seg_starts"]
+        self.tile_starts = self.host[layout.offset("tiles"):].view(np.int32)[2::TILE_FIELDS]
+        self.arange = np.arange(layout.max_tokens, dtype=np.int64)
+        # the last write: bucket, num_blocks, slots, starts (B,); per real segment its first
+        # token, token count, first tile and tile count (B,)
+        self.bucket = -1
+        self.counts = self.slots = self.starts = np.zeros(0, dtype=np.int64)
+        self.tok0 = self.lens = self.tile0 = self.tiles = self.counts
 
     def write(self, bucket: int, req_slots: list[int], first_starts: list[int],
               num_blocks: list[int], ids: np.ndarray | None = None) -> bool:
@@ -162,14 +150,27 @@ class MetaWriter:
         slots = np.asarray(req_slots, dtype=np.int64)
         starts = np.asarray(first_starts, dtype=np.int64)
         counts = np.asarray(num_blocks, dtype=np.int64)
-        last = self.last
-        self.last = (bucket, slots, starts, counts)
-        if ids is None and last is not None and last[0] == bucket \
-                and np.array_equal(last[3], counts):
-            changed = np.flatnonzero((slots != last[1]) | (starts != last[2]))
-            if len(changed):
-                update_meta(self.host, self.layout, changed, slots, starts, counts, self.tpt)
+        if ids is None and bucket == self.bucket and np.array_equal(counts, self.counts):
+            changed = np.flatnonzero((slots != self.slots) | (starts != self.starts))
+            self.slots, self.starts = slots, starts
+            for i in changed.tolist():
+                self._segment(i, int(slots[i]), int(starts[i]))
             return len(changed) > 0
         fill_meta(self.host, self.layout, bucket, req_slots, first_starts, num_blocks, self.tpt,
                   self.scratch_slot, ids, self.pad_id)
+        self.bucket, self.counts, self.slots, self.starts = bucket, counts, slots, starts
+        self.lens = counts * self.layout.block_size
+        self.tok0 = np.cumsum(self.lens) - self.lens
+        self.tiles = -(-self.lens // self.tpt)
+        self.tile0 = np.cumsum(self.tiles) - self.tiles
+        self.bucket = -1 if ids is not None else bucket  # a prefill's ids change every time
         return True
+
+    def _segment(self, i: int, slot: int, start: int) -> None:
+        """Real segment i now belongs to `slot` and starts at `start`."""
+        t0, n = int(self.tok0[i]), int(self.lens[i])
+        np.add(self.arange[:n], start, out=self.positions[t0:t0 + n])
+        self.token_slot[t0:t0 + n] = slot
+        self.seg_req[i], self.seg_starts[i] = slot, start
+        f0 = int(self.tile0[i])
+        self.tile_starts[f0:f0 + int(self.tiles[i])] = start
