@@ -16,7 +16,15 @@ from dllm_serve.kernels.fused_moe import (
 )
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
-from dllm_serve.layers.moe import Experts, RoutingParams, moe_reference, route, set_moe_backend
+from dllm_serve.layers.moe import (
+    Experts,
+    Router,
+    RoutingParams,
+    moe_reference,
+    route,
+    set_moe_backend,
+    split_bf16,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LLADA2 = RoutingParams(top_k=8, score_function="sigmoid", n_group=8, topk_group=4,
@@ -218,3 +226,37 @@ def test_a_launch_too_big_for_the_device_falls_back_to_the_default() -> None:
 
     with pytest.raises(ValueError):
         _run_fitting("down", 16, big, broken)
+
+
+def test_bf16_split_of_an_fp32_weight_sums_back_to_it() -> None:
+    """split_bf16: three bf16 parts whose fp32 sum is the weight to its last bit, so bf16
+    GEMMs with fp32 output against them give the fp32 router logits (up to summation order)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 96, generator=gen) * torch.logspace(-3, 1, 96)
+    parts = split_bf16(w)
+    assert parts.shape == (3, 64, 96) and parts.dtype == torch.bfloat16
+    back = parts[0].float() + parts[1].float() + parts[2].float()
+    assert torch.allclose(back, w, rtol=2 ** -22, atol=0)
+    x = torch.randn(17, 96, generator=gen).bfloat16()
+    logits = sum(x.double() @ p.double().t() for p in parts)  # what the bf16 GEMMs sum to
+    assert torch.allclose(logits.float(), x.float() @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_router_split_gemm_equals_fp32_logits_and_routing() -> None:
+    """On CUDA the fp32 router of bf16 activations runs the split GEMM: same logits as the
+    fp32 GEMM within fp32 rounding, the same experts chosen (LLaDA2.0-mini's router shape)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    router = Router(2048, 256, expert_bias=True, fp32_logits=True).cuda()
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(256, 2048, device="cuda", generator=gen) * 0.02)
+    x = torch.randn(512, 2048, device="cuda", generator=gen).bfloat16()
+    got = router(x)
+    assert router.split_gemm, "this torch lacks torch.mm(..., out_dtype=torch.float32)"
+    want = torch.nn.functional.linear(x.float(), router.weight.float())
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    p = RoutingParams(8, "sigmoid", 8, 4, True, 2.5)
+    ids, _ = route(got, router.expert_bias, p)
+    ref_ids, _ = route(want, router.expert_bias, p)
+    assert (ids.sort(1).values == ref_ids.sort(1).values).float().mean() > 0.999
