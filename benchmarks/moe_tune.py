@@ -100,7 +100,7 @@ class Case:
         return fm.up_proj(self.x, self.w13, self.blocks, self.shape.top_k, launch)
 
     def down(self, launch: MoeLaunch) -> torch.Tensor:
-        return fm.down_proj(self.h, self.w2, self.weights, self.blocks, launch)
+        return fm.down_proj(self.h, self.w2, self.blocks, launch)
 
     def experts(self, launches: tuple[MoeLaunch, MoeLaunch]) -> torch.Tensor:
         return fm.fused_experts(self.x, self.w13, self.w2, self.ids, self.weights, launches)

@@ -145,15 +145,18 @@ def test_launch_table_covers_every_size() -> None:
 @pytest.mark.parametrize("tokens,top_k,hidden", [(1, 1, 16), (7, 3, 80), (5, 8, 2100)])
 def test_sum_choices_equals_torch(tokens: int, top_k: int, hidden: int,
                                   dtype: torch.dtype) -> None:
-    """Sums in fp32 then one cast, as `y.view(T, K, hidden).sum(1).to(dtype)`; 2100 columns
-    span three programs of SUM_BLOCK with a masked tail. Same result on a second call."""
-    y = rand(tokens * top_k, hidden, gen=torch.Generator().manual_seed(tokens))
-    out = sum_choices(y, top_k, dtype)
-    ref = y.view(tokens, top_k, hidden).sum(1).to(dtype)
+    """Weighted, summed in fp32 then one cast, as moe_reference combines expert rows of
+    `dtype`; 2100 columns span three programs of SUM_BLOCK with a masked tail. Same result on
+    a second call."""
+    gen = torch.Generator().manual_seed(tokens)
+    y = rand(tokens * top_k, hidden, gen=gen).to(dtype)
+    w = torch.rand(tokens, top_k, generator=gen)
+    out = sum_choices(y, w, dtype)
+    ref = (y.view(tokens, top_k, hidden).float() * w[:, :, None]).sum(1).to(dtype)
     assert out.dtype == dtype and out.shape == ref.shape
     torch.testing.assert_close(out, ref, rtol=1e-6 if dtype == torch.float32 else 8e-3,
                                atol=1e-6 if dtype == torch.float32 else 1e-5)
-    assert torch.equal(sum_choices(y, top_k, dtype), out)
+    assert torch.equal(sum_choices(y, w, dtype), out)
 
 
 def test_bf16_storage() -> None:

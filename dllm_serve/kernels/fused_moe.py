@@ -5,8 +5,10 @@
    oracle `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
    assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I);
-4. `_down_kernel`: per (block, N tile) y = (h @ down^T) * routing weight -> (A, hidden) fp32;
-5. `_sum_kernel`: the K rows of each token summed in fp32, in order, cast to x.dtype (one pass).
+4. `_down_kernel`: per (block, N tile) y = h @ down^T -> (A, hidden) in x.dtype (each expert's
+   output rounded once, as `moe_reference` rounds it; half the bytes of fp32 rows);
+5. `_sum_kernel`: each token's K rows times their routing weights, summed in fp32 in choice
+   order, cast to x.dtype (one pass).
 Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
 of assignments (benchmarks/moe_tune.py measures the candidates).
 Program ids run the blocks of one N tile consecutively, so the blocks of one expert (same
@@ -103,8 +105,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     blocks = expert_blocks(topk_ids, w2.shape[0])
     up, down = launches or choose_moe_launches(t * k)
     h = up_proj(x, w13, blocks, k, up)  # (A, I)
-    y = down_proj(h, w2, topk_weights, blocks, down)  # (A, hidden) fp32
-    return sum_choices(y, k, x.dtype)
+    y = down_proj(h, w2, blocks, down)  # (A, hidden)
+    return sum_choices(y, topk_weights, x.dtype)
 
 
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
@@ -129,16 +131,15 @@ def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int
     return h
 
 
-def down_proj(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              blocks: ExpertBlocks, launch: MoeLaunch) -> torch.Tensor:
-    """h (A, I), w2 (E, hidden, I) contiguous, topk_weights (T, K) -> y (A, hidden) fp32: row a
-    = its routing weight * (h[a] through its expert's down projection)."""
+def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks,
+              launch: MoeLaunch) -> torch.Tensor:
+    """h (A, I), w2 (E, hidden, I) contiguous -> y (A, hidden) in h.dtype: row a = h[a] through
+    its expert's down projection (fp32 accumulation, rounded once)."""
     (a, inter), hidden = h.shape, w2.shape[1]
-    y = torch.empty(a, hidden, dtype=torch.float32, device=h.device)
-    weights = topk_weights.float().contiguous()
+    y = h.new_empty(a, hidden)
     def go(run: MoeLaunch) -> None:
         _down_kernel[(blocks.max_blocks * triton.cdiv(hidden, run.block_n),)](
-            h, w2, y, weights, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
+            h, w2, y, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
             w2.stride(0), blocks.max_blocks, a, hidden, inter, **launch_args(blocks, run))
 
     _run_fitting("down", blocks.block_m, launch, go)
@@ -166,14 +167,16 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
         go(DEFAULT_LAUNCH)
 
 
-def sum_choices(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
-    """y (T * top_k, hidden) fp32 -> (T, hidden) in dtype: each token's top_k rows summed in
-    fp32 in choice order (deterministic: no atomics), cast once. One pass over y; equal to
-    `y.view(T, top_k, hidden).sum(1).to(dtype)` within fp32 rounding."""
-    a, hidden = y.shape
+def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """y (T * K, hidden), topk_weights (T, K) -> (T, hidden) in dtype: each token's K rows
+    times their weights, summed in fp32 in choice order (deterministic: no atomics), cast
+    once. One pass over y; equal to `(y.view(T, K, hidden).float() * w[:, :, None]).sum(1)
+    .to(dtype)` within fp32 rounding (moe_reference's combine)."""
+    (a, hidden), top_k = y.shape, topk_weights.shape[1]
     out = torch.empty(a // top_k, hidden, dtype=dtype, device=y.device)
     block = min(SUM_BLOCK, next_pow2(hidden))
-    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](y, out, hidden, TOP_K=top_k,
+    weights = topk_weights.float().contiguous()
+    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](y, weights, out, hidden, TOP_K=top_k,
                                                            BLOCK=block, num_warps=4)
     return out
 
@@ -225,10 +228,10 @@ def _up_kernel(X, W13, H, SortedRows, BlockExpert, NumSlots, stride_we, max_bloc
 
 
 @triton.jit
-def _down_kernel(H, W2, Y, Weights, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
+def _down_kernel(H, W2, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                  num_rows, hidden, inter, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
-    """y[a, n] = weight[a] * (h[a] . w2[e, n]), fp32."""
+    """y[a, n] = h[a] . w2[e, n], accumulated in fp32, stored in Y's dtype."""
     expert, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, num_rows,
                                       BLOCK_M)
     if expert >= 0:
@@ -244,17 +247,19 @@ def _down_kernel(H, W2, Y, Weights, SortedRows, BlockExpert, NumSlots, stride_we
             wt = tl.load(w + n[None, :] * inter + kk[:, None],
                          mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
             acc += dot(a, wt, DOT_F32)
-        acc = acc * tl.load(Weights + rows, mask=valid, other=0.0)[:, None]
-        tl.store(Y + rows[:, None] * hidden + n[None, :], acc, mask=valid[:, None] & n_ok[None, :])
+        tl.store(Y + rows[:, None] * hidden + n[None, :], acc.to(Y.dtype.element_ty),
+                 mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def _sum_kernel(Y, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """out[t, n] = sum over j < TOP_K of y[t * TOP_K + j, n], accumulated in j order."""
+def _sum_kernel(Y, Weights, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, n] = sum over j < TOP_K of weights[t, j] * y[t * TOP_K + j, n], in fp32, in j
+    order."""
     tok = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     mask = n < hidden
     acc = tl.zeros([BLOCK], tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(Y + (tok * TOP_K + j) * hidden + n, mask=mask, other=0.0)
+        w = tl.load(Weights + tok * TOP_K + j)
+        acc += w * tl.load(Y + (tok * TOP_K + j) * hidden + n, mask=mask, other=0.0).to(tl.float32)
     tl.store(Out + tok * hidden + n, acc.to(Out.dtype.element_ty), mask=mask)
