@@ -47,8 +47,10 @@ class DenoiseGraphs(BucketedForwards):
         layout = MetaLayout(max_blocks, block_size, cdiv(block_size, attn.tokens_per_tile))
         super().__init__(model, kv, attn, layout, denoise_buckets(max_blocks), scratch_slot,
                          pad_id, ids)
-        self.logits = torch.zeros(layout.max_tokens, vocab_size, dtype=torch.float32,
-                                  device=dev)
+        # the LM head writes its logits here in the model's dtype (no fp32 copy of a
+        # (T, vocab) tensor per forward); the step reads them in fp32 (DllmAlgorithm.predict)
+        self.logits = torch.zeros(layout.max_tokens, vocab_size,
+                                  dtype=model.lm_head.weight.dtype, device=dev)
         self.step = step
         self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
 
@@ -57,8 +59,8 @@ class DenoiseGraphs(BucketedForwards):
     def prepare(self, req_slots: list[int], first_starts: list[int], num_blocks: list[int],
                 block_ids: torch.Tensor) -> DenoiseRun | None:
         """The run over the active blocks `block_ids` (N, K) (their pages mapped), or None
-        when no bucket holds N blocks. forward() returns logits (N * K, V) fp32 and step() the
-        readout (N, width), each valid until the next call."""
+        when no bucket holds N blocks. forward() returns logits (N * K, V) in the model's dtype
+        and step() the readout (N, width), each valid until the next call."""
         n = block_ids.shape[0]
         bucket = pick_bucket(n, self.buckets)
         if bucket is None:
@@ -86,7 +88,8 @@ class DenoiseGraphs(BucketedForwards):
         return DenoiseRun(forward, step if self.step is not None and resident else None)
 
     def logits_of(self, static: StaticForward) -> torch.Tensor:
-        """The bucket's forward -> its logits (T_pad, V) fp32, in the static buffer."""
+        """The bucket's forward -> its logits (T_pad, V) in the model's dtype, in the static
+        buffer."""
         hidden = self.hidden(static)  # (T_pad, hidden)
         return self.model.compute_logits(hidden, out=self.logits[:static.tokens])
 

@@ -153,7 +153,12 @@ class DecoderLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None
                        ) -> torch.Tensor:
         """hidden (N, hidden) -> logits (N, vocab) in fp32; row j scores the token at row j.
-        `out` (N, vocab) fp32: write them there (a CUDA graph's static output)."""
+        `out` (N, vocab): write them there instead (a CUDA graph's static output), in its
+        dtype; in hidden's dtype the LM head's GEMM writes them directly, else they are
+        copied (either way the values of the LM head's output, as returned without `out`)."""
+        w = self.lm_head.weight
+        if out is not None and out.dtype == hidden.dtype == w.dtype:
+            return torch.mm(hidden, w.t(), out=out)
         logits = self.lm_head(hidden)
         return logits.float() if out is None else out.copy_(logits)
 
