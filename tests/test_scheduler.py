@@ -203,7 +203,7 @@ def test_forward_steps_and_blocks_are_reported(fdfo: bool) -> None:
     out = e.run()["a"][-1]
     # 1 prefill forward + 3 blocks x 2 forwards; 3 blocks hold 8 tokens after a 1-token tail
     assert out.blocks == 3 and out.forward_steps == 1 + 3 * 2
-    assert out.block_forwards == [2, 2, 2]
+    assert out.block_forwards == [2, 2, 2] and out.denoise_steps == 6
 
 
 def test_max_new_tokens_zero_prefills_only() -> None:
@@ -244,6 +244,8 @@ def test_turnovers_joins_and_leaves_patch_rows_in_place(monkeypatch: pytest.Monk
     outs = e.run()
     assert all(o[-1].completion_tokens == (2 + int(r[1:]) % 3) * K for r, o in outs.items())
     assert calls["patch"] >= 12 and calls["compact"] <= 4 and calls["holes"] >= 2, calls
+    for o in outs.values():  # W=1, one forward ahead: a request steps in exactly its blocks'
+        assert o[-1].denoise_steps == sum(o[-1].block_forwards), o[-1]  # forwards, holes or not
     e.assert_whole()
 
 
@@ -292,3 +294,35 @@ def test_prefills_that_arrive_together_merge_but_never_past_a_release() -> None:
     assert kinds == ["AddPages", "Admit", "AddPages", "Prefill", "Release", "AddPages",
                      "Prefill", "Prefill"]
     assert out[3].slots == [0, 1] and out[6].slots == [2] and out[7].slots == [3]
+
+
+def test_a_request_counts_the_forwards_it_was_in_the_layout_for() -> None:
+    """ResidentBatch.forwards: forwards run while the request had rows, across patches, a hole
+    (it left with no block open: forwards without it do not count) and a compaction."""
+    from dllm_serve.managers.messages import ReqSettings
+    from dllm_serve.managers.resident_batch import Block, DeviceReq
+
+    batch = scripted_engine(mrr=4).worker.batch
+    settings = ReqSettings(prompt_len=0, max_end=64)
+    a, b, c, d = (DeviceReq(uid, uid, settings, K, [Block(0, init_ids=np.full(K, 15))])
+                  for uid in range(4))
+
+    def run(n: int) -> list[bool]:
+        holes = [r.hole for r in batch.layout().reqs]
+        for _ in range(n):
+            batch.launched()
+        return holes
+
+    batch.add(a)
+    run(3)
+    for r in (b, c, d):
+        batch.add(r)
+    run(2)  # a patch: b, c, d appended
+    batch.retire(a, 1)
+    assert run(4) == [True, False, False, False]  # a left a hole: these do not count for it
+    batch.open_block(a)
+    assert run(5) == [False] * 4  # a took its hole back
+    assert [batch.forwards(r) for r in (a, b, c, d)] == [3 + 2 + 5] + [2 + 4 + 5] * 3
+    batch.open_block(b)  # two blocks: the layout is compacted, the counts carry over
+    run(1)
+    assert [batch.forwards(r) for r in (a, b, c, d)] == [11] + [12] * 3

@@ -16,8 +16,9 @@ compute at all on an unpadded runner; more rows than the storage holds) `compact
 surviving rows, appends the new blocks' ids and fresh state and writes them back to rows
 [0, N) without holes, in admission order.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
-array (`Layout.steps`, also the batch's `block_steps`) and its forwards in one counter, folded
-back into the blocks and requests when the layout is replaced.
+array (`Layout.steps`, also the batch's `block_steps`), folded back into the blocks when the
+layout is replaced, and the batch counts its forwards in one counter (`launches`): a request's
+forwards are those it was in the layout for (`forwards`), folded into it when it leaves.
 The host keeps per block what it has read back (`Block.converged`, `ready`, `ids`).
 """
 
@@ -63,8 +64,9 @@ class DeviceReq:
     settings: ReqSettings
     next_start: int  # where its next block opens (the end of its blocks)
     blocks: list[Block] = field(default_factory=list)
-    past_forwards: int = 0  # forwards of layouts already replaced
+    past_forwards: int = 0  # forwards it took part in before it last entered the layout
     in_layout: bool = False  # it has rows in the current layout
+    entered_at: int = 0  # the batch's launch count when it entered the layout
     alive: bool = True
     hole: bool = False  # a hole's placeholder (see the module docstring), never a request
 
@@ -76,15 +78,13 @@ class DeviceReq:
 @dataclass
 class Layout:
     """The rows of the device tensors: blocks in row order and the requests that own them;
-    steps (N,) forwards each row has had (the batch's block_steps); launches: forwards run
-    over this layout."""
+    steps (N,) forwards each row has had (the batch's block_steps)."""
 
     reqs: list[DeviceReq]
     rows: list[Block]
     owners: list[DeviceReq]  # the request of each row
     batch: DenoiseBatch
     state: State | None
-    launches: int = 0
 
     @property
     def steps(self) -> np.ndarray:
@@ -108,6 +108,7 @@ class ResidentBatch:
         self.current: Layout | None = None  # the layout of the device tensors
         self.dirty = False
         self.num_rows = 0
+        self.launches = 0  # forwards run over any layout
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -151,8 +152,20 @@ class ResidentBatch:
 
     def forwards(self, req: DeviceReq) -> int:
         """Denoise forwards the request has taken part in."""
-        cur = self.current
-        return req.past_forwards + (cur.launches if req.in_layout and cur is not None else 0)
+        return req.past_forwards + (self.launches - req.entered_at if req.in_layout else 0)
+
+    def launched(self) -> None:
+        """A forward over the current layout was queued."""
+        self.launches += 1
+
+    def _enter(self, req: DeviceReq) -> None:
+        if not req.in_layout:
+            req.in_layout, req.entered_at = True, self.launches
+
+    def _leave(self, req: DeviceReq) -> None:
+        if req.in_layout:
+            req.past_forwards += self.launches - req.entered_at
+            req.in_layout = False
 
     # ---- the device tensors -------------------------------------------------------------
 
@@ -190,8 +203,10 @@ class ResidentBatch:
         self._retire_layout(old)
         for i, b in enumerate(rows):
             b.row, b.init_ids, b.init_state = i, None, None
+        for r in set(old.reqs if old is not None else ()) - set(reqs):
+            self._leave(r)
         for r in reqs:
-            r.in_layout = True
+            self._enter(r)
         counts = [len(r.blocks) for r in reqs]
         seeds = [r.settings.seed for r in reqs]
         self.storage.write_meta(np.repeat(np.arange(len(reqs)), counts),
@@ -261,15 +276,13 @@ class ResidentBatch:
                 owners.append(r)
             placed.append(i)
             fresh.append((offsets[i], r.blocks[0]))  # its row is set with the others below
-        for r in old.reqs:
-            r.past_forwards += old.launches
         for b in old.rows:
             if not b.alive:
                 b.row = -1
         for r in entrants:
-            r.in_layout = True
+            self._enter(r)
         for i in leaving:
-            old.reqs[i].in_layout = False
+            self._leave(old.reqs[i])
         at = np.fromiter((x for x, _ in fresh), np.int64, len(fresh))
         blocks = [b for _, b in fresh]
         where = np.searchsorted(np.asarray(offsets[1:]), at, side="right")  # each row's position
@@ -310,12 +323,9 @@ class ResidentBatch:
         return batch
 
     def _retire_layout(self, old: Layout | None) -> None:
-        """Fold the replaced layout's counters into its requests; its rows leave it."""
+        """Fold the replaced layout's step counts into its blocks; its rows leave it."""
         if old is None:
             return
-        for r in old.reqs:
-            r.past_forwards += old.launches
-            r.in_layout = False
         for i, b in enumerate(old.rows):
             b.init_steps, b.row = int(old.steps[i]), -1
 

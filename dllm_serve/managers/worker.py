@@ -228,7 +228,7 @@ class Worker:
                 self.algo, layout.batch, run.forward(), layout.state, self.spec),
                 len(layout.rows))
         layout.batch.block_steps += 1
-        layout.launches += 1
+        self.batch.launched()
         self.report.msg.forwards += 1
         self.report.msg.block_steps += len(layout.rows)
         return Launch(layout, layout.steps.copy(), self.readback.start(readout),
