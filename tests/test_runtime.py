@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from http_helpers import pools_whole, start_server
+from local_engine import local_engine
 
 from dllm_serve.managers import messages as m
 from dllm_serve.sampling_params import SamplingParams
@@ -99,3 +100,24 @@ def test_busy_server_answers_info_and_metrics_at_once(tiny_model_dir: Path) -> N
         pools_whole(server)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("fdfo", [True, False])
+def test_per_request_thresholds_reach_their_rows(tiny_model_dir: Path, fdfo: bool) -> None:
+    """Requests with different dllm_threshold share the device batch; each row steps with its
+    own request's value (RowStorage.write_params on every join and compaction): threshold 0
+    unmasks a whole block in one step, threshold 1 one position a step (the top-1 fallback)."""
+    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=fdfo, mrr=4)
+    for i, threshold in enumerate([1.0, 0.0, 1.0, 0.0, 1.0, 0.0]):  # 6 > 4: joins and leaves
+        e.submit(f"r{i}", list(range(5, 12 + i)), max_new_tokens=64, ignore_eos=True,
+                 dllm={"threshold": threshold})
+    outs = e.run()
+    k = e.worker.k
+    for i in range(6):
+        forwards = outs[f"r{i}"][-1].block_forwards
+        assert len(forwards) >= 2, forwards
+        if i % 2:  # every block done in one step, then its final forward
+            assert max(forwards) <= 2, (i, forwards)
+        else:  # a block of k masks takes k steps (its first may keep part of the prompt)
+            assert max(forwards) >= k, (i, forwards)
+    e.assert_whole()

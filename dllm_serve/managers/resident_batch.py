@@ -209,10 +209,12 @@ class ResidentBatch:
             self._enter(r)
         counts = [len(r.blocks) for r in reqs]
         seeds = [r.settings.seed for r in reqs]
-        self.storage.write_meta(np.repeat(np.arange(len(reqs)), counts),
+        self.storage.write_rows(np.arange(len(rows)), None, None,
                                 np.fromiter((b.start for b in rows), np.int64, len(rows)),
-                                np.repeat(np.asarray(seeds, dtype=np.int64), counts),
-                                self._params(reqs))
+                                np.repeat(np.arange(len(reqs)), counts),
+                                np.repeat(np.asarray(seeds, dtype=np.int64), counts))
+        self.storage.write_params(np.arange(len(reqs)), self._params(reqs), len(rows),
+                                  len(reqs))
         owners = [r for r in reqs for _ in r.blocks]
         return Layout(reqs, rows, owners, self._batch(reqs, counts, steps), self.storage.views(
             len(rows))[1])

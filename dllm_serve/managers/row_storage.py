@@ -48,20 +48,26 @@ class RowStorage:
             for key, value in state.items():
                 self.state[key][:n].copy_(value)
 
-    def write_rows(self, at: np.ndarray, ids: np.ndarray, states: list[RowState | None],
-                   starts: np.ndarray, reqs: np.ndarray, seeds: np.ndarray) -> None:
-        """Rows `at` (M,) := ids (M, K) (host), fresh state (or a resumed block's own, from
-        states), block starts, request indexes and seeds (M,) (rows_meta's order: request,
-        start, seed); the other rows stay. One host-to-device copy."""
+    def write_rows(self, at: np.ndarray, ids: np.ndarray | None,
+                   states: list[RowState | None] | None, starts: np.ndarray, reqs: np.ndarray,
+                   seeds: np.ndarray) -> None:
+        """Rows `at` (M,) := block starts, request indexes and seeds (M,) (rows_meta's order:
+        request, start, seed) and, unless ids is None, ids (M, K) (host) with fresh state (or
+        a resumed block's own, from states); the other rows stay. One host-to-device copy.
+        The one way rows' metadata is written: every row on a compaction (ids None: they
+        were gathered on the device), the changed rows on a patch."""
         m = len(at)
         if m == 0:
             return
-        packed = to_device(np.concatenate([at, reqs, starts, seeds, ids.reshape(-1)]),
-                           self.device)
-        idx, new_ids = packed[:m], packed[4 * m:].view(m, self.k)
-        self.ids.index_copy_(0, idx, new_ids)
+        parts = [at, reqs, starts, seeds] + ([] if ids is None else [ids.reshape(-1)])
+        packed = to_device(np.concatenate(parts).astype(np.int64, copy=False), self.device)
+        idx = packed[:m]
         self.rows_meta.index_copy_(1, idx, packed[m:4 * m].view(3, m))
-        state = self.fresh_state(new_ids, states)
+        if ids is None:
+            return
+        new_ids = packed[4 * m:].view(m, self.k)
+        self.ids.index_copy_(0, idx, new_ids)
+        state = self.fresh_state(new_ids, states or [None] * m)
         if state is not None and self.state is not None:
             for key, value in state.items():
                 self.state[key].index_copy_(0, idx, value)
@@ -88,18 +94,6 @@ class RowStorage:
             for key, value in (carried or {}).items():
                 state[key][i] = to_device(np.asarray(value), ids.device)
         return state
-
-    def write_meta(self, row_req: np.ndarray, row_start: np.ndarray, row_seed: np.ndarray,
-                   params: np.ndarray) -> None:
-        """Per-row request index, block start and seed (N,); per-request params (P, B)."""
-        n, b = len(row_req), params.shape[1]
-        cap = self.capacity
-        meta = np.zeros((3, cap), dtype=np.int64)
-        meta[0, n:] = b  # padding rows: a request of their own (never read back)
-        meta[0, :n], meta[1, :n], meta[2, :n] = row_req, row_start, row_seed
-        self.rows_meta.copy_(to_device(meta, self.device))
-        if params.size:
-            self.params[:, :b].copy_(to_device(params, self.device))
 
     def views(self, n: int) -> tuple[torch.Tensor, State | None]:
         """ids (n, K) and state views of rows [0, n)."""
