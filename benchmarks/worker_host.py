@@ -3,6 +3,7 @@ forward costs when requests join and leave every few forwards.
 
     python benchmarks/worker_host.py                      # FDFO and sync at 16 and 64 running
     python benchmarks/worker_host.py --profile /tmp/wh    # + a cProfile of each setting
+    python benchmarks/worker_host.py --count-ops          # + torch ops per forward in layout()
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the
 CPU; the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after
@@ -11,7 +12,10 @@ from the host); the algorithm is benchmarks/scheduled_denoise.py's ScheduledDeno
 takes a lognormal number of forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per
 running slot. Reported per setting: worker host ms per forward (time inside Worker.iterate over
 denoise forwards), scheduler ms per forward, forwards. On a GPU the forward runs asynchronously,
-so the worker's host time is what must stay under one forward's device time.
+so the worker's host time is what must stay under one forward's device time. With --count-ops
+also the torch operator calls per forward inside `ResidentBatch.layout` (the layout changes'
+row writes and views): each costs tens of microseconds of host time on a GPU (a dispatch, often
+a launch), a machine-independent count of that part of the host's work.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,13 +79,50 @@ def engine(running: int, fdfo: bool, depth: int) -> LocalEngine:
     return LocalEngine(Scheduler(cfg, FinishChecker({EOS}, None)), worker)
 
 
-def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
-            seed: int) -> dict[str, Any]:
+def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
+           seed: int) -> LocalEngine:
     e = engine(running, fdfo, depth)
     rng = np.random.default_rng(seed)
     for i in range(running * per_slot):
         prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
         e.submit(f"r{i}", prompt, max_new_tokens=new_tokens, ignore_eos=True, seed=i)
+    return e
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts torch operator calls while `on`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on, self.calls = False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls += self.on
+        return func(*args, **(kwargs or {}))
+
+
+def layout_ops(*args: Any) -> float:
+    """Torch operator calls per forward inside ResidentBatch.layout, over one whole run."""
+    e = loaded(*args)
+    counter, layout = OpCounter(), e.worker.batch.layout
+
+    def counted() -> Any:
+        counter.on = True
+        try:
+            return layout()
+        finally:
+            counter.on = False
+
+    e.worker.batch.layout = counted  # type: ignore[method-assign]
+    with counter:
+        while e.step():
+            pass
+    return counter.calls / max(1, sum(r.forwards for r in e.reports))
+
+
+def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
+            seed: int) -> dict[str, Any]:
+    e = loaded(running, fdfo, depth, per_slot, new_tokens, seed)
     worker_s = sched_s = 0.0
     iterate = e.worker.iterate
 
@@ -108,6 +150,29 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             "wall_s": wall}
 
 
+def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
+    """One setting measured (under cProfile with --profile), its torch ops counted with
+    --count-ops, printed."""
+    args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed)
+    if ns.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        row = prof.runcall(measure, *args)
+        prof.dump_stats(f"{ns.profile}.{mode}.{running}")
+    else:
+        row = measure(*args)
+    ops = ""
+    if ns.count_ops:
+        row["layout_ops_per_forward"] = layout_ops(*args)
+        ops = f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout()"
+    print(f"{row['mode']:5s} running={running:3d} depth={ns.depth}: worker host "
+          f"{row['worker_host_ms_per_forward']:.3f} ms/forward, scheduler "
+          f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
+          f"{row['finished']}/{row['requests']} finished{ops}", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--running", type=int, nargs="+", default=[16, 64])
@@ -117,27 +182,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", help="write cProfile stats to PREFIX.<mode>.<running>")
+    ap.add_argument("--count-ops", action="store_true",
+                    help="also count torch operator calls per forward in layout() (a second run)")
     ap.add_argument("--out", help="JSON results")
     ns = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    rows = []
-    for running in ns.running:
-        for mode in ns.modes:
-            args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens,
-                    ns.seed)
-            if ns.profile:
-                import cProfile
-
-                prof = cProfile.Profile()
-                row = prof.runcall(measure, *args)
-                prof.dump_stats(f"{ns.profile}.{mode}.{running}")
-            else:
-                row = measure(*args)
-            rows.append(row)
-            print(f"{row['mode']:5s} running={running:3d} depth={ns.depth}: worker host "
-                  f"{row['worker_host_ms_per_forward']:.3f} ms/forward, scheduler "
-                  f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
-                  f"{row['finished']}/{row['requests']} finished", flush=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the host path, as one worker thread runs it
+    try:
+        rows = [setting(ns, running, mode) for running in ns.running for mode in ns.modes]
+    finally:
+        torch.set_num_threads(threads)
     if ns.out:
         write_json(ns.out, {"benchmark": "worker_host", "config": vars(ns), "rows": rows})
     return rows

@@ -345,3 +345,18 @@ def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
         assert run["forwards"] > 0 and 0 < run["busy_fraction"] <= 1.0
     assert set(result["fdfo_over_sync"]) == {"default-heldout C=2"}
     assert set(result["w2_over_w1"]) == {"default-heldout C=2"}
+
+
+def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
+    """benchmarks/worker_host.py: every request finishes; FDFO changes its layout about every
+    forward (row writes: torch ops in layout()), sync only at batch boundaries."""
+    from benchmarks import worker_host
+
+    out = tmp_path / "wh.json"
+    rows = worker_host.main(["--running", "8", "--prompts-per-slot", "2", "--max-new-tokens",
+                             "64", "--count-ops", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows
+    by_mode = {r["mode"]: r for r in rows}
+    assert all(r["finished"] == r["requests"] == 16 and r["forwards"] > 0 for r in rows)
+    assert by_mode["fdfo"]["layout_ops_per_forward"] > 3 * by_mode["sync"]["layout_ops_per_forward"]
+    assert by_mode["sync"]["layout_ops_per_forward"] > 0

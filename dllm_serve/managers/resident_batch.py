@@ -321,7 +321,7 @@ class ResidentBatch:
             params=self.storage.req_params, block_steps=steps,
             top_ks=[r.settings.top_k for r in reqs], min_ps=[r.settings.min_p for r in reqs])
         s = self.storage
-        batch.bind_rows(s.row_req[:n], s.row_start[:n], s.row_seed[:n])
+        batch.bind_rows(*s.row_views(n))
         return batch
 
     def _retire_layout(self, old: Layout | None) -> None:

@@ -14,6 +14,8 @@ Rows at N and past (graph padding) hold garbage that nothing reads back.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import torch
 
@@ -35,9 +37,13 @@ class RowStorage:
         self.defaults = np.array([float(getattr(algo.config, n)) for n in algo.request_params],
                                  dtype=np.float32)
         self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, capacity)
+        self._padding = (-1, -1)  # (rows, reqs) of write_params' last fill of padding rows
+        self._cache: dict[int, tuple[torch.Tensor, State | None,
+                                     tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
-    @property
+    @cached_property
     def req_params(self) -> dict[str, torch.Tensor]:
+        """{name: (capacity,) view of its row of `params`} (fixed views, made once)."""
         return {n: self.params[i] for i, n in enumerate(self.algo.request_params)}
 
     def write(self, ids: torch.Tensor, state: State | None) -> None:
@@ -82,7 +88,9 @@ class RowStorage:
                                                .view(np.uint8)]), self.device)
             self.params.index_copy_(1, packed[:8 * m].view(torch.int64),
                                     packed[8 * m:].view(torch.float32).view(params.shape))
-        self.row_req[rows:].fill_(reqs)
+        if self._padding != (rows, reqs):  # usually unchanged: a joiner took a hole
+            self.row_req[rows:].fill_(reqs)
+            self._padding = (rows, reqs)
 
     def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
         """State for new rows with ids (M, K): fresh from the algorithm, carried values where
@@ -96,9 +104,22 @@ class RowStorage:
         return state
 
     def views(self, n: int) -> tuple[torch.Tensor, State | None]:
-        """ids (n, K) and state views of rows [0, n)."""
-        state = None if self.state is None else {k: v[:n] for k, v in self.state.items()}
-        return self.ids[:n], state
+        """ids (n, K) and state views of rows [0, n) (made once per n: a view costs a
+        dispatch, and a layout change asks for them every forward)."""
+        return self._views(n)[:2]
+
+    def row_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """row_req, row_start, row_seed views (n,) of rows [0, n)."""
+        return self._views(n)[2]
+
+    def _views(self, n: int) -> tuple[torch.Tensor, State | None,
+                                      tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        cached = self._cache.get(n)
+        if cached is None:
+            state = None if self.state is None else {k: v[:n] for k, v in self.state.items()}
+            rows = (self.row_req[:n], self.row_start[:n], self.row_seed[:n])
+            cached = self._cache[n] = (self.ids[:n], state, rows)
+        return cached
 
     def graph_batch(self, n: int) -> DenoiseBatch:
         """A greedy DenoiseBatch over rows [0, n) made only of these buffers: what a captured
@@ -108,5 +129,5 @@ class RowStorage:
             temperatures=[0.0] * n, top_ps=[1.0] * n, seeds=[0] * n,
             params={name: v for name, v in self.req_params.items()},
             block_steps=np.zeros(n, dtype=np.int64))
-        batch.bind_rows(self.row_req[:n], self.row_start[:n], self.row_seed[:n])
+        batch.bind_rows(*self.row_views(n))
         return batch

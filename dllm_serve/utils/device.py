@@ -46,7 +46,8 @@ class PinnedRing:
             return torch.from_numpy(array).pin_memory()
         start = self._reserve(n)  # the copy goes through the ring's numpy view: no torch op
         self.host[start:start + n] = array.reshape(-1).view(np.uint8)
-        return self.buf[start:start + n].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
+        flat = self.buf[start:start + n].view(_TORCH_DTYPES[array.dtype])
+        return flat if array.ndim == 1 else flat.view(array.shape)
 
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A pinned (numel,) tensor of the ring, to fill and copy to the device before the ring
