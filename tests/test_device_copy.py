@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_serve.utils.device import PinnedRing, host_buffer, to_device
+from dllm_serve.utils.device import PinnedRing, copy_to_device, host_buffer, to_device
 
 
 def test_cpu_copies_are_plain() -> None:
@@ -16,6 +16,31 @@ def test_cpu_copies_are_plain() -> None:
     assert t.dtype == torch.int64 and torch.equal(t, torch.from_numpy(a))
     assert torch.equal(to_device([1.5, 2.0], torch.device("cpu"), torch.float64),
                        torch.tensor([1.5, 2.0], dtype=torch.float64))
+
+
+def test_copy_into_an_existing_tensor_on_the_cpu() -> None:
+    dst = torch.zeros(6, dtype=torch.int64)
+    copy_to_device(dst[2:], np.arange(4, dtype=np.int64))
+    assert dst.tolist() == [0, 0, 0, 1, 2, 3]
+
+
+@pytest.mark.gpu
+def test_copies_into_one_reused_buffer_are_read_in_stream_order() -> None:
+    """What RowStorage.write_rows does per layout change: copy rows into one device upload
+    buffer, then read it (index_copy_), many times while work is queued; each read sees its
+    own copy."""
+    dev = torch.device("cuda")
+    upload = torch.empty(1000, dtype=torch.int64, device=dev)
+    big = torch.randn(4096, 4096, device=dev)
+    seen = []
+    for i in range(300):
+        big = big @ big
+        big /= big.norm()
+        n = 1 + i % 997
+        copy_to_device(upload[:n], np.full(n, i, dtype=np.int64))
+        seen.append(upload[:n].sum())
+    torch.cuda.synchronize()
+    assert [int(x) for x in seen] == [i * (1 + i % 997) for i in range(300)]
 
 
 @pytest.mark.gpu

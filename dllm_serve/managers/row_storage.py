@@ -22,7 +22,7 @@ import torch
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.managers.messages import RowState
-from dllm_serve.utils.device import to_device
+from dllm_serve.utils.device import copy_to_device, to_device
 
 
 class RowStorage:
@@ -37,6 +37,10 @@ class RowStorage:
         self.defaults = np.array([float(getattr(algo.config, n)) for n in algo.request_params],
                                  dtype=np.float32)
         self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, capacity)
+        # rows written by write_rows, staged here: indexes, request, start, seed, ids
+        self.upload = torch.empty(capacity * (4 + block_size), dtype=torch.int64, device=device)
+        self._uploads: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor | None]] = {}
         self._padding = (-1, -1)  # (rows, reqs) of write_params' last fill of padding rows
         self._cache: dict[int, tuple[torch.Tensor, State | None,
                                      tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
@@ -66,17 +70,30 @@ class RowStorage:
         if m == 0:
             return
         parts = [at, reqs, starts, seeds] + ([] if ids is None else [ids.reshape(-1)])
-        packed = to_device(np.concatenate(parts).astype(np.int64, copy=False), self.device)
-        idx = packed[:m]
-        self.rows_meta.index_copy_(1, idx, packed[m:4 * m].view(3, m))
-        if ids is None:
+        flat, idx, meta, new_ids = self._upload_views(m, ids is not None)
+        copy_to_device(flat, np.concatenate(parts).astype(np.int64, copy=False))
+        self.rows_meta.index_copy_(1, idx, meta)
+        if new_ids is None:
             return
-        new_ids = packed[4 * m:].view(m, self.k)
         self.ids.index_copy_(0, idx, new_ids)
         state = self.fresh_state(new_ids, states or [None] * m)
         if state is not None and self.state is not None:
             for key, value in state.items():
                 self.state[key].index_copy_(0, idx, value)
+
+    def _upload_views(self, m: int, with_ids: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                             torch.Tensor, torch.Tensor | None]:
+        """Views of `upload` for m rows (made once per m): the whole (m * (4 [+ K]),), the row
+        indexes (m,), their metadata (3, m) and, with ids, their ids (m, K). The upload buffer
+        is reused by every write: a later copy into it is queued after the reads of the one
+        before (stream order)."""
+        key = (m, with_ids)
+        views = self._uploads.get(key)
+        if views is None:
+            flat = self.upload[:m * (4 + (self.k if with_ids else 0))]
+            views = self._uploads[key] = (flat, flat[:m], flat[m:4 * m].view(3, m),
+                                          flat[4 * m:].view(m, self.k) if with_ids else None)
+        return views
 
     def write_params(self, at: np.ndarray, params: np.ndarray, rows: int, reqs: int) -> None:
         """Requests `at` (M,) := per-request params (P, M); rows [rows, capacity) (padding)

@@ -119,6 +119,16 @@ def to_device(array: np.ndarray | Sequence[int] | Sequence[float], device: torch
     return _ring(device).stage(np.ascontiguousarray(t.numpy())).to(device, non_blocking=True)
 
 
+def copy_to_device(dst: torch.Tensor, array: np.ndarray) -> None:
+    """dst := array (same shape and dtype), in stream order, without the host waiting for the
+    device (pinned staging on CUDA): one copy into a tensor that already exists, where
+    `to_device` also allocates one."""
+    if dst.device.type != "cuda":
+        dst.copy_(torch.from_numpy(array))
+        return
+    dst.copy_(_ring(dst.device).stage(np.ascontiguousarray(array)), non_blocking=True)
+
+
 def record_event(stream: torch.cuda.Stream, timing: bool = False) -> torch.cuda.Event:
     """A CUDA event recorded on `stream` (held by the caller: `Event.record()` without a stream
     asks torch.cuda.current_stream() each time, tens of microseconds of Python per call on the
