@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_serve.utils.device import PinnedRing, copy_to_device, host_buffer, to_device
+from dllm_serve.utils.device import PinnedRing, copy_to_device, to_device
 
 
 def test_cpu_copies_are_plain() -> None:
@@ -25,22 +25,22 @@ def test_copy_into_an_existing_tensor_on_the_cpu() -> None:
 
 
 @pytest.mark.gpu
-def test_copies_into_one_reused_buffer_are_read_in_stream_order() -> None:
-    """What RowStorage.write_rows does per layout change: copy rows into one device upload
-    buffer, then read it (index_copy_), many times while work is queued; each read sees its
-    own copy."""
+@pytest.mark.parametrize("size,whole", [(1000, False), (50_000, True)])
+def test_copies_into_one_reused_buffer_are_read_in_stream_order(size: int, whole: bool) -> None:
+    """What the worker does per forward: copy into one fixed device buffer (RowStorage's
+    upload rows, a prefix of varying length; the bucketed forwards' metadata, whole), then
+    read it, many times while work is queued; each read sees its own copy."""
     dev = torch.device("cuda")
-    upload = torch.empty(1000, dtype=torch.int64, device=dev)
+    buf = torch.empty(size, dtype=torch.int64, device=dev)
     big = torch.randn(4096, 4096, device=dev)
-    seen = []
-    for i in range(300):
+    seen, sizes = [], [size if whole else 1 + i % (size - 3) for i in range(300)]
+    for i, n in enumerate(sizes):
         big = big @ big
         big /= big.norm()
-        n = 1 + i % 997
-        copy_to_device(upload[:n], np.full(n, i, dtype=np.int64))
-        seen.append(upload[:n].sum())
+        copy_to_device(buf[:n], np.full(n, i, dtype=np.int64))
+        seen.append(buf[:n].sum())  # read in stream order, before the next copy
     torch.cuda.synchronize()
-    assert [int(x) for x in seen] == [i * (1 + i % 997) for i in range(300)]
+    assert [int(x) for x in seen] == [i * n for i, n in enumerate(sizes)]
 
 
 @pytest.mark.gpu
@@ -76,27 +76,3 @@ def test_to_device_on_cuda_matches_the_array() -> None:
     for n in (0, 1, 7, 100_000, 2_500_000):  # the last: larger than a ring part
         a = np.arange(n, dtype=np.int64)
         assert np.array_equal(to_device(a, dev).cpu().numpy(), a)
-
-
-@pytest.mark.gpu
-def test_host_buffers_filled_in_turn_copy_intact() -> None:
-    """What the bucketed forwards do per forward: fill a host buffer of the ring, copy it into
-    one fixed device buffer, many times while work is queued; each copy lands whole."""
-    dev = torch.device("cuda")
-    meta = torch.zeros(50_000, dtype=torch.int64, device=dev)
-    big = torch.randn(4096, 4096, device=dev)
-    seen = []
-    for i in range(300):
-        big = big @ big
-        big /= big.norm()
-        host = host_buffer(meta.numel(), torch.int64, dev)
-        host.numpy()[:] = i
-        meta.copy_(host, non_blocking=True)
-        seen.append(meta.sum())  # read in stream order, before the next copy
-    torch.cuda.synchronize()
-    assert [int(x) for x in seen] == [i * meta.numel() for i in range(300)]
-
-
-def test_host_buffer_on_the_cpu_is_a_plain_tensor() -> None:
-    t = host_buffer(7, torch.int64, torch.device("cpu"))
-    assert t.shape == (7,) and t.dtype == torch.int64 and not t.is_pinned()

@@ -28,7 +28,7 @@ from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.graph_layout import MetaLayout, MetaWriter
-from dllm_serve.utils.device import host_buffer
+from dllm_serve.utils.device import copy_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +113,8 @@ class BucketedForwards:
              num_blocks: list[int], ids: np.ndarray | None = None) -> None:
         """The metadata of one forward (padded to `bucket`), copied to the device unless it
         is already there (the writer's host copy mirrors `meta`)."""
-        if not self.writer.write(bucket, req_slots, first_starts, num_blocks, ids):
-            return
-        host = host_buffer(self.layout.size, torch.int64, self.meta.device)
-        np.copyto(host.numpy(), self.writer.host)
-        self.meta.copy_(host, non_blocking=True)
+        if self.writer.write(bucket, req_slots, first_starts, num_blocks, ids):
+            copy_to_device(self.meta, self.writer.host)
 
     def hidden(self, static: StaticForward) -> torch.Tensor:
         """The bucket's model forward (KV slots of the tokens, then the layers) -> (T_pad,

@@ -49,15 +49,6 @@ class PinnedRing:
         flat = self.buf[start:start + n].view(_TORCH_DTYPES[array.dtype])
         return flat if array.ndim == 1 else flat.view(array.shape)
 
-    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A pinned (numel,) tensor of the ring, to fill and copy to the device before the ring
-        comes round again (its content: whatever was there)."""
-        n = numel * dtype.itemsize
-        if n > self.part:
-            return torch.empty(numel, dtype=dtype, pin_memory=True)
-        start = self._reserve(n)
-        return self.buf[start:start + n].view(dtype)
-
     def _reserve(self, n: int) -> int:
         """The first byte of n free bytes (n <= one part), fenced against earlier copies."""
         if self.pos + n > (self.current + 1) * self.part:  # the rest is too small: next part
@@ -93,15 +84,6 @@ def _ring(device: torch.device) -> PinnedRing:
     if ring is None:
         ring = _RINGS[device] = PinnedRing(device)
     return ring
-
-
-def host_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host (numel,) tensor to fill and then copy to `device` with
-    `copy_(..., non_blocking=True)`: on CUDA a region of the device's pinned ring (never read
-    again after that copy), elsewhere a new tensor. Its initial content is unspecified."""
-    if device.type != "cuda":
-        return torch.empty(numel, dtype=dtype)
-    return _ring(device).take(numel, dtype)
 
 
 def to_device(array: np.ndarray | Sequence[int] | Sequence[float], device: torch.device,
