@@ -40,7 +40,8 @@ def planted_logits(rows: int, block: int, vocab: int, mask_id: int, dtype: torch
 
 
 @pytest.mark.parametrize("rows,vocab,dtype", [(1, 389, torch.float32), (3, 5000, torch.float32),
-                                              (2, 4099, torch.bfloat16)])
+                                              (2, 4099, torch.bfloat16),
+                                              (1, 9000, torch.float32)])  # rows split in two
 def test_argmax_confidence_equals_predict(rows: int, vocab: int, dtype: torch.dtype) -> None:
     logits = planted_logits(rows, 4, vocab, mask_id=vocab - 5, dtype=dtype, seed=rows)
     x, p = argmax_confidence(logits, mask_id=vocab - 5)
@@ -50,7 +51,7 @@ def test_argmax_confidence_equals_predict(rows: int, vocab: int, dtype: torch.dt
 
 
 def test_choose_splits() -> None:
-    assert choose_splits(rows=32, vocab=157184, sms=132) == 16
+    assert choose_splits(rows=32, vocab=157184, sms=132) == 32
     assert choose_splits(rows=2048, vocab=157184, sms=132) == 1
     assert choose_splits(rows=1, vocab=1000, sms=132) == 1
 

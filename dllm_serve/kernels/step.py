@@ -16,15 +16,24 @@ import triton.language as tl
 
 from dllm_serve.kernels.runtime import cdiv, check_device, floor_pow2, num_sms
 
-BLOCK_V = 1024
-PROGRAMS_PER_SM = 4
+# Launch constants, from benchmarks/step_tune.py on an H200 at LLaDA2.0-mini's vocabulary
+# (benchmarks/results/h200/gpupath/step_tune_2eb859d.json). Against the earlier 1024 entries a
+# step and 4 programs per SM: B=1 93 -> 94 us, B=4 141 -> 79, B=16 212 -> 119, B=32 312 -> 201,
+# B=64 546 -> 374. The constants: vocabulary entries per loop step when a row is split (small
+# batches) and when it is read whole, warps and software-pipeline stages of the partial
+# kernel, programs per SM wanted.
+BLOCK_V_SPLIT = 2048
+BLOCK_V_WHOLE = 4096
+NUM_WARPS = 4
+NUM_STAGES = 3
+PROGRAMS_PER_SM = 8
 MAX_SPLITS = 64
 
 
 def choose_splits(rows: int, vocab: int, sms: int) -> int:
-    """Vocabulary slices per row (a power of two), at least two BLOCK_V chunks each."""
+    """Vocabulary slices per row (a power of two), at least two BLOCK_V_SPLIT chunks each."""
     wanted = max(1, PROGRAMS_PER_SM * sms // max(rows, 1))
-    return floor_pow2(min(wanted, max(1, vocab // (2 * BLOCK_V)), MAX_SPLITS))
+    return floor_pow2(min(wanted, max(1, vocab // (2 * BLOCK_V_SPLIT)), MAX_SPLITS))
 
 
 def argmax_confidence(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,10 +51,11 @@ def argmax_confidence(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor,
         part_max = torch.empty(rows, splits, dtype=torch.float32, device=dev)
         part_idx = torch.empty(rows, splits, dtype=torch.int32, device=dev)
         part_sum = torch.empty(rows, splits, dtype=torch.float32, device=dev)
-        chunk = cdiv(cdiv(vocab, splits), BLOCK_V) * BLOCK_V
+        block_v = BLOCK_V_SPLIT if splits > 1 else BLOCK_V_WHOLE
+        chunk = cdiv(cdiv(vocab, splits), block_v) * block_v
         _partial_kernel[(rows, splits)](
             flat, part_max, part_idx, part_sum, flat.stride(0), vocab, mask_id, chunk,
-            SPLITS=splits, BLOCK_V=BLOCK_V, num_warps=4)
+            SPLITS=splits, BLOCK_V=block_v, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
         _combine_kernel[(rows,)](part_max, part_idx, part_sum, x, p, vocab, SPLITS=splits,
                                  num_warps=1)
     return x.view(lead), p.view(lead)
