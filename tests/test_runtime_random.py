@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from local_engine import LocalEngine, local_engine, scripted_engine
 
 from dllm_serve.managers.messages import AbortReq
+from dllm_serve.managers.resident_batch import COLUMN_FIELDS, Columns, Layout
 
 K = 4
 
@@ -54,6 +55,21 @@ def check(e: LocalEngine) -> None:
     live = {uid for uid in e.sched.running} | {x.uid for x in e.sched.to_worker
                                                 if hasattr(x, "uid")}
     assert set(e.worker.batch.reqs) <= live | released(e)
+    if e.worker.batch.num_rows:
+        check_layout(e.worker.batch.layout())
+
+
+def check_layout(layout: Layout) -> None:
+    """The incrementally patched per-position columns equal columns made afresh from the
+    layout's requests; positions, holes and row owners agree."""
+    fresh = Columns.of(layout.reqs)
+    for name in COLUMN_FIELDS:
+        assert getattr(layout.cols, name) == getattr(fresh, name), name
+    assert layout.holes == [i for i, r in enumerate(layout.reqs) if r.hole]
+    assert all(r.pos == i for i, r in enumerate(layout.reqs) if not r.hole)
+    assert layout.owners == [r for r in layout.reqs for _ in r.blocks]
+    assert all(b.row == x for x, b in enumerate(layout.rows) if b.alive)
+    assert layout.batch.num_blocks == fresh.counts and len(layout.rows) == fresh.offsets[-1]
 
 
 def released(e: LocalEngine) -> set[int]:
@@ -179,3 +195,32 @@ def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> 
     assert (depth("1"), depth("2"), depth("auto")) == (1, 2, None)
     with pytest.raises(ValueError, match="--dllm-pipeline-depth must be one of 1, 2, auto"):
         depth("3")
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_holes_stay_and_are_taken(depth: int) -> None:
+    """FDFO, 8 rows: requests of different lengths leave holes that stay while nobody waits,
+    and requests submitted later take them. After every step the patched columns equal fresh
+    ones; holes did persist across layouts; every request decodes all its tokens."""
+    e = scripted_engine(fdfo=True, mrr=8, pages=128, depth=depth,
+                        need=lambda start: 2 + (start // K) % 3)
+    lengths = {f"a{i}": K * (1 if i in (2, 5) else 5 + i % 3) for i in range(8)}
+    for rid, n in lengths.items():
+        e.submit(rid, [1, 2, 3], max_new_tokens=n, ignore_eos=True)
+    kept = 0  # layouts that inherited a hole from the one before
+    previous = None
+    for step in range(400):
+        if step == 12:  # late joiners take the holes left so far
+            for i in range(3):
+                lengths[f"b{i}"] = 2 * K
+                e.submit(f"b{i}", [4, 5], max_new_tokens=2 * K, ignore_eos=True)
+        if not e.step() and step > 12:
+            break
+        check(e)
+        layout = e.worker.batch.current
+        if layout is not None and previous is not None and previous is not layout:
+            kept += bool(set(previous.holes) & set(layout.holes))
+        previous = layout
+    assert kept > 0
+    assert {rid: len(e.tokens(rid)) for rid in lengths} == lengths
+    e.assert_whole()

@@ -15,6 +15,10 @@ changed: the wavefront; holes would cost a larger bucket or a quarter of the row
 compute at all on an unpadded runner; more rows than the storage holds) `compact` gathers the
 surviving rows, appends the new blocks' ids and fresh state and writes them back to rows
 [0, N) without holes, in admission order.
+A patch looks only at the requests changed since the last layout (`touched`: added, dropped,
+a block retired or opened) and copies the layout's per-position `Columns` (slots, starts,
+sampling settings), rewriting only the changed positions: its Python work grows with the
+changes, not with the batch.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
 array (`Layout.steps`, also the batch's `block_steps`), folded back into the blocks when the
 layout is replaced, and the batch counts its forwards in one counter (`launches`): a request's
@@ -69,6 +73,8 @@ class DeviceReq:
     entered_at: int = 0  # the batch's launch count when it entered the layout
     alive: bool = True
     hole: bool = False  # a hole's placeholder (see the module docstring), never a request
+    pos: int = -1  # its position in the current layout (while in_layout)
+    seq: int = 0  # admission order (ResidentBatch.add)
 
     @property
     def first_start(self) -> int:
@@ -76,15 +82,66 @@ class DeviceReq:
 
 
 @dataclass
+class Columns:
+    """Per position of a layout (B of them, host lists): what the forward and the step read of
+    its request. A patch copies them and rewrites only the positions that changed."""
+
+    slots: list[int]
+    first_starts: list[int]
+    counts: list[int]
+    offsets: list[int]  # (B + 1,) first row of each position, then the row count
+    temperatures: list[float]
+    top_ps: list[float]
+    seeds: list[int]
+    top_ks: list[int]
+    min_ps: list[float]
+
+    @staticmethod
+    def of(reqs: list[DeviceReq]) -> Columns:
+        counts = [len(r.blocks) for r in reqs]
+        return Columns([r.slot for r in reqs], [r.first_start for r in reqs], counts,
+                       np.cumsum([0, *counts]).tolist(),
+                       *([getattr(r.settings, n) for r in reqs] for _, n in SETTING_COLUMNS))
+
+    def copy(self) -> Columns:
+        return Columns(*(list(getattr(self, f)) for f in COLUMN_FIELDS))
+
+    def set(self, pos: int, req: DeviceReq) -> None:
+        """Position pos (its block count unchanged) := req."""
+        self.slots[pos], self.first_starts[pos] = req.slot, req.first_start
+        for column, name in SETTING_COLUMNS:
+            getattr(self, column)[pos] = getattr(req.settings, name)
+
+    def append(self, req: DeviceReq) -> None:
+        """A new last position: req, with one block."""
+        self.slots.append(req.slot)
+        self.first_starts.append(req.first_start)
+        self.counts.append(1)
+        self.offsets.append(self.offsets[-1] + 1)
+        for column, name in SETTING_COLUMNS:
+            getattr(self, column).append(getattr(req.settings, name))
+
+
+SETTING_COLUMNS = (("temperatures", "temperature"), ("top_ps", "top_p"), ("seeds", "seed"),
+                   ("top_ks", "top_k"), ("min_ps", "min_p"))
+COLUMN_FIELDS = ("slots", "first_starts", "counts", "offsets", "temperatures", "top_ps",
+                 "seeds", "top_ks", "min_ps")
+
+
+@dataclass
 class Layout:
     """The rows of the device tensors: blocks in row order and the requests that own them;
-    steps (N,) forwards each row has had (the batch's block_steps)."""
+    steps (N,) forwards each row has had (the batch's block_steps). Invariant:
+    reqs[i].pos == i for every real request, and holes lists (ascending) the positions held by
+    a hole."""
 
     reqs: list[DeviceReq]
     rows: list[Block]
     owners: list[DeviceReq]  # the request of each row
     batch: DenoiseBatch
     state: State | None
+    cols: Columns
+    holes: list[int]
 
     @property
     def steps(self) -> np.ndarray:
@@ -109,22 +166,29 @@ class ResidentBatch:
         self.dirty = False
         self.num_rows = 0
         self.launches = 0  # forwards run over any layout
+        # since the last layout: the requests changed (in order of change) and
+        # the blocks that left (retired, dropped); a patch looks at these only
+        self.touched: dict[int, DeviceReq] = {}
+        self.gone: list[Block] = []
+        self.admitted = 0  # requests added so far (DeviceReq.seq)
 
     # ---- membership ---------------------------------------------------------------------
 
     def add(self, req: DeviceReq) -> None:
         self.reqs[req.uid] = req
+        req.seq, self.admitted = self.admitted, self.admitted + 1
         self.num_rows += len(req.blocks)
-        self.dirty = True
+        self._touch(req)
 
     def drop(self, req: DeviceReq) -> None:
         """Remove the request and its blocks (they are never reported)."""
         req.alive = False
         for block in req.blocks:
             block.alive = False
+        self.gone += req.blocks
         if self.reqs.pop(req.uid, None) is not None:
             self.num_rows -= len(req.blocks)
-        self.dirty = True
+        self._touch(req)
 
     def open_block(self, req: DeviceReq) -> None:
         """Append an all-mask block at req.next_start (fresh state)."""
@@ -132,7 +196,7 @@ class ResidentBatch:
         req.blocks.append(Block(req.next_start, init_ids=mask))
         req.next_start += self.k
         self.num_rows += 1
-        self.dirty = True
+        self._touch(req)
 
     def retire(self, req: DeviceReq, count: int) -> list[Block]:
         """Remove the request's `count` leading blocks (their final forward has run)."""
@@ -140,8 +204,14 @@ class ResidentBatch:
         for block in gone:
             block.alive = False
         self.num_rows -= len(gone)
-        self.dirty = self.dirty or bool(gone)
+        if gone:
+            self.gone += gone
+            self._touch(req)
         return gone
+
+    def _touch(self, req: DeviceReq) -> None:
+        self.touched[id(req)] = req  # not by uid: a preempted request may come back as another
+        self.dirty = True
 
     def steps(self, block: Block) -> int:
         """Forwards the block has had."""
@@ -175,6 +245,7 @@ class ResidentBatch:
         if self.dirty or self.current is None:
             self.current = self._rebuild()
             self.dirty = False
+            self.touched, self.gone = {}, []
         return self.current
 
     def _rebuild(self) -> Layout:
@@ -216,78 +287,89 @@ class ResidentBatch:
         self.storage.write_params(np.arange(len(reqs)), self._params(reqs), len(rows),
                                   len(reqs))
         owners = [r for r in reqs for _ in r.blocks]
-        return Layout(reqs, rows, owners, self._batch(reqs, counts, steps), self.storage.views(
-            len(rows))[1])
+        for i, r in enumerate(reqs):
+            r.pos = i
+        cols = Columns.of(reqs)
+        return Layout(reqs, rows, owners, self._batch(cols, steps),
+                      self.storage.views(len(rows))[1], cols, [])
 
     def _patch(self, old: Layout) -> Layout | None:
         """The new layout without moving a row (see the module docstring), or None when it
-        cannot be had that way. Nothing is changed before the answer is known."""
-        counts = old.batch.num_blocks
-        reqs = list(old.reqs)
-        fresh: list[tuple[int, Block]] = []  # (row, block) written now
-        holes: list[int] = []  # positions that are (or become) holes
-        leaving: list[int] = []
-        row = 0
-        for i, r in enumerate(old.reqs):
-            n = counts[i]
-            if r.hole or not (r.alive and r.blocks):
-                if n != 1:
-                    return None
-                holes.append(i)
-                if not r.hole:
-                    leaving.append(i)
-            elif len(r.blocks) != n:
-                return None
-            else:
-                for j, b in enumerate(r.blocks):
-                    if b.row < 0:
-                        fresh.append((row + j, b))
-                    elif b.row != row + j:
+        cannot be had that way. Only the requests changed since `old` are looked at; nothing
+        is changed before the answer is known."""
+        counts, offsets = old.cols.counts, old.cols.offsets
+        fresh: list[tuple[int, int, Block]] = []  # (row, position, block) written now
+        leaving: list[int] = []  # positions that become holes
+        staying: list[DeviceReq] = []  # changed requests that keep their position
+        entrants: list[DeviceReq] = []
+        for r in self.touched.values():
+            if r.in_layout:
+                p, n = r.pos, counts[r.pos]
+                if not (r.alive and r.blocks):
+                    if n != 1:
                         return None
-            row += n
-        entrants = [r for r in self.reqs.values() if r.blocks and not r.in_layout]
-        if any(len(r.blocks) != 1 for r in entrants):
-            return None
+                    leaving.append(p)
+                elif len(r.blocks) != n:
+                    return None
+                else:
+                    first = offsets[p]
+                    for j, b in enumerate(r.blocks):
+                        if b.row < 0:
+                            fresh.append((first + j, p, b))
+                        elif b.row != first + j:
+                            return None
+                    staying.append(r)
+            elif r.alive and r.blocks:
+                if len(r.blocks) != 1:
+                    return None
+                entrants.append(r)
+        entrants.sort(key=lambda r: r.seq)
+        holes = sorted(old.holes + leaving)
         appended = max(0, len(entrants) - len(holes))
-        total, live = row + appended, self.num_rows
+        total, live = offsets[-1] + appended, self.num_rows
         left = len(holes) - len(entrants) + appended
         if total > self.storage.capacity or (left and (
                 self.buckets is None or left > total // 4
                 or pick_bucket(total, self.buckets) != pick_bucket(live, self.buckets))):
             return None
-        return self._apply_patch(old, reqs, fresh, holes, leaving, entrants, total)
+        return self._apply_patch(old, fresh, holes, leaving, staying, entrants, total)
 
-    def _apply_patch(self, old: Layout, reqs: list[DeviceReq], fresh: list[tuple[int, Block]],
-                     holes: list[int], leaving: list[int], entrants: list[DeviceReq],
+    def _apply_patch(self, old: Layout, fresh: list[tuple[int, int, Block]], holes: list[int],
+                     leaving: list[int], staying: list[DeviceReq], entrants: list[DeviceReq],
                      total: int) -> Layout:
-        offsets = np.cumsum([0, *old.batch.num_blocks]).tolist()
-        rows, owners = list(old.rows), list(old.owners)
+        cols = old.cols.copy()
+        offsets = cols.offsets
+        reqs, rows, owners = list(old.reqs), list(old.rows), list(old.owners)
         for i in leaving:
-            reqs[i] = self._hole()
-            rows[offsets[i]], owners[offsets[i]] = reqs[i].blocks[0], reqs[i]
+            reqs[i] = hole = self._hole()
+            rows[offsets[i]], owners[offsets[i]] = hole.blocks[0], hole
+            cols.set(i, hole)
         placed: list[int] = []  # positions the entrants take
         for r in entrants:
             if holes:
                 i = holes.pop(0)
                 reqs[i], owners[offsets[i]] = r, r
+                cols.set(i, r)
             else:
                 i = len(reqs)
                 reqs.append(r)
-                offsets.append(offsets[-1] + 1)
                 rows.append(r.blocks[0])
                 owners.append(r)
+                cols.append(r)
+            r.pos = i
             placed.append(i)
-            fresh.append((offsets[i], r.blocks[0]))  # its row is set with the others below
-        for b in old.rows:
-            if not b.alive:
-                b.row = -1
+            fresh.append((offsets[i], i, r.blocks[0]))  # its row is set with the others below
+        for r in staying:
+            cols.first_starts[r.pos] = r.first_start
+        for b in self.gone:
+            b.row = -1
         for r in entrants:
             self._enter(r)
         for i in leaving:
             self._leave(old.reqs[i])
-        at = np.fromiter((x for x, _ in fresh), np.int64, len(fresh))
-        blocks = [b for _, b in fresh]
-        where = np.searchsorted(np.asarray(offsets[1:]), at, side="right")  # each row's position
+        at = np.fromiter((x for x, _, _ in fresh), np.int64, len(fresh))
+        where = np.fromiter((p for _, p, _ in fresh), np.int64, len(fresh))
+        blocks = [b for _, _, b in fresh]
         steps = np.zeros(total, dtype=np.int64)
         steps[:len(old.rows)] = old.steps
         steps[at] = [b.init_steps for b in blocks]
@@ -298,30 +380,27 @@ class ResidentBatch:
         if placed:
             self.storage.write_params(np.asarray(placed, dtype=np.int64),
                                       self._params([reqs[i] for i in placed]), total, len(reqs))
-        for x, b in fresh:
+        for x, _, b in fresh:
             rows[x] = b
             b.row, b.init_ids, b.init_state = x, None, None
-        counts = [len(r.blocks) for r in reqs]
-        return Layout(reqs, rows, owners, self._batch(reqs, counts, steps),
-                      self.storage.views(total)[1])
+        return Layout(reqs, rows, owners, self._batch(cols, steps),
+                      self.storage.views(total)[1], cols, holes)
 
     def _hole(self) -> DeviceReq:
         return DeviceReq(-1, self.scratch_slot, HOLE_SETTINGS, 0, [Block(0, alive=False)],
                          alive=False, hole=True)
 
-    def _batch(self, reqs: list[DeviceReq], counts: list[int], steps: np.ndarray,
-               ) -> DenoiseBatch:
-        """The DenoiseBatch of rows [0, sum(counts)) for requests (positions) `reqs`."""
-        n = int(sum(counts))
+    def _batch(self, cols: Columns, steps: np.ndarray) -> DenoiseBatch:
+        """The DenoiseBatch of rows [0, N) laid out as `cols` says (it shares their lists:
+        a later patch copies them before it changes anything)."""
+        n = cols.offsets[-1]
         ids, _ = self.storage.views(n)
         batch = DenoiseBatch(
-            block_ids=ids, num_blocks=counts, first_starts=[r.first_start for r in reqs],
-            temperatures=[r.settings.temperature for r in reqs],
-            top_ps=[r.settings.top_p for r in reqs], seeds=[r.settings.seed for r in reqs],
-            params=self.storage.req_params, block_steps=steps,
-            top_ks=[r.settings.top_k for r in reqs], min_ps=[r.settings.min_p for r in reqs])
-        s = self.storage
-        batch.bind_rows(*s.row_views(n))
+            block_ids=ids, num_blocks=cols.counts, first_starts=cols.first_starts,
+            temperatures=cols.temperatures, top_ps=cols.top_ps, seeds=cols.seeds,
+            params=self.storage.req_params, block_steps=steps, top_ks=cols.top_ks,
+            min_ps=cols.min_ps)
+        batch.bind_rows(*self.storage.row_views(n))
         return batch
 
     def _retire_layout(self, old: Layout | None) -> None:

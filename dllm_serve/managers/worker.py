@@ -217,7 +217,7 @@ class Worker:
         if layout is not self.prepared:
             b = layout.batch
             self.run = self.runner.prepare_denoise(
-                [r.slot for r in layout.reqs], b.first_starts, b.num_blocks, b.block_ids)
+                layout.cols.slots, b.first_starts, b.num_blocks, b.block_ids)
             self.prepared = layout
         assert self.run is not None
         run = self.run
