@@ -20,6 +20,8 @@ from dllm_serve.layers.moe import (
     Experts,
     Router,
     RoutingParams,
+    SparseMoeBlock,
+    add_in_order,
     moe_reference,
     route,
     set_moe_backend,
@@ -157,6 +159,49 @@ def test_sum_choices_equals_torch(tokens: int, top_k: int, hidden: int,
     torch.testing.assert_close(out, ref, rtol=1e-6 if dtype == torch.float32 else 8e-3,
                                atol=1e-6 if dtype == torch.float32 else 1e-5)
     assert torch.equal(sum_choices(y, w, dtype), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("count", [1, 2])
+def test_sum_choices_adds_the_addends_as_torch_does(count: int, dtype: torch.dtype) -> None:
+    """The fused epilogue (a layer's shared experts, then its residual) equals the plain
+    sum followed by one PyTorch add per addend, bit for bit: each sum rounded to dtype."""
+    gen = torch.Generator().manual_seed(count)
+    tokens, top_k, hidden = 6, 4, 2100
+    y = rand(tokens * top_k, hidden, gen=gen).to(dtype)
+    w = torch.rand(tokens, top_k, generator=gen)
+    addends = tuple(rand(tokens, hidden, gen=gen, scale=4.0 ** i).to(dtype)
+                    for i in range(count))
+    out = sum_choices(y, w, dtype, addends)
+    ref = add_in_order(sum_choices(y, w, dtype), addends)
+    if dtype == torch.float32 or DEVICE.type == "cuda":
+        assert torch.equal(out, ref)
+    else:  # Triton's CPU interpreter casts fp32 -> bf16 toward zero (PyTorch and the GPU: to
+        # nearest even), one bf16 step per rounded sum at the largest magnitude
+        step = 2.0 ** -7 * float(ref.abs().max())
+        torch.testing.assert_close(out, ref, rtol=0, atol=count * step)
+    with pytest.raises(ValueError, match="at most two"):
+        sum_choices(y, w, dtype, addends * 3)
+
+
+def test_moe_block_adds_shared_experts_and_residual_in_the_final_pass() -> None:
+    """SparseMoeBlock with the Triton backend: experts + shared experts + residual equal the
+    torch backend's three separate adds, within the experts' rounding."""
+    gen = torch.Generator().manual_seed(5)
+    experts, p = ROUTINGS["tiny"]
+    block = SparseMoeBlock(64, experts, 32, p, expert_bias=False, router_fp32=True,
+                           shared_intermediate=16).to(DEVICE, torch.bfloat16)
+    for param in block.parameters():
+        param.data.copy_(rand(*param.shape, gen=gen, scale=0.2).to(param.dtype))
+    x, h = rand(23, 64, gen=gen, dtype=torch.bfloat16), rand(23, 64, gen=gen, dtype=torch.bfloat16)
+    set_moe_backend(block, "torch")
+    ref = block(x, residual=h)
+    routed = block.experts(x, block.gate(x), block.gate.expert_bias, p)
+    assert block.shared_experts is not None
+    assert torch.equal(ref, h + (routed + block.shared_experts(x)))  # the unfused formula
+    set_moe_backend(block, "triton")
+    out = block(x, residual=h)
+    assert rel_err(out, ref) < tolerance(torch.bfloat16)
 
 
 def test_bf16_storage() -> None:

@@ -83,19 +83,23 @@ def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
 
 @MOE_BACKENDS.register("triton")
 def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
-               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """The MOE_BACKENDS "triton" entry: fused routing (where its shapes allow) + fused experts."""
+               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
+               addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """The MOE_BACKENDS "triton" entry: fused routing (where its shapes allow) + fused experts,
+    the addends added in the experts' final pass."""
     routing = fused_route if route_supports(router_logits.shape[1], p) else route
     topk_ids, topk_weights = routing(router_logits, expert_bias, p)
-    return fused_experts(x, w13, w2, topk_ids, topk_weights)
+    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor,
-                  launches: tuple[MoeLaunch, MoeLaunch] | None = None) -> torch.Tensor:
+                  launches: tuple[MoeLaunch, MoeLaunch] | None = None,
+                  addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids/topk_weights (T, K)
-    -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding. `launches` (up, down)
-    overrides the table's (tests, benchmarks/moe_tune.py)."""
+    -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding, then the addends
+    (T, hidden) added in order (`sum_choices`). `launches` (up, down) overrides the table's
+    (tests, benchmarks/moe_tune.py)."""
     check_device(x, "fused_experts")
     t, k = topk_ids.shape
     hidden = w2.shape[1]
@@ -106,7 +110,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     up, down = launches or choose_moe_launches(t * k)
     h = up_proj(x, w13, blocks, k, up)  # (A, I)
     y = down_proj(h, w2, blocks, down)  # (A, hidden)
-    return sum_choices(y, topk_weights, x.dtype)
+    return sum_choices(y, topk_weights, x.dtype, addends)
 
 
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
@@ -167,17 +171,27 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
         go(DEFAULT_LAUNCH)
 
 
-def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
+                addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """y (T * K, hidden), topk_weights (T, K) -> (T, hidden) in dtype: each token's K rows
     times their weights, summed in fp32 in choice order (deterministic: no atomics), cast
     once. One pass over y; equal to `(y.view(T, K, hidden).float() * w[:, :, None]).sum(1)
-    .to(dtype)` within fp32 rounding (moe_reference's combine)."""
+    .to(dtype)` within fp32 rounding (moe_reference's combine). Then each of `addends` (at
+    most two, (T, hidden) in dtype) is added in order, each sum rounded to dtype: exactly
+    `add_in_order(sum, addends)` (a decoder layer's shared experts and residual, fused into
+    this pass instead of two more kernels each reading and writing (T, hidden))."""
     (a, hidden), top_k = y.shape, topk_weights.shape[1]
+    if len(addends) > 2:
+        raise ValueError(f"sum_choices adds at most two tensors, got {len(addends)}")
     out = torch.empty(a // top_k, hidden, dtype=dtype, device=y.device)
+    parts = [t.contiguous() for t in addends]
+    assert all(t.shape == out.shape and t.dtype == dtype for t in parts)
+    first, second = (parts + [out, out])[:2]  # unused pointers: never read
     block = min(SUM_BLOCK, next_pow2(hidden))
     weights = topk_weights.float().contiguous()
-    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](y, weights, out, hidden, TOP_K=top_k,
-                                                           BLOCK=block, num_warps=4)
+    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](
+        y, weights, first, second, out, hidden, TOP_K=top_k, ADDENDS=len(parts), BLOCK=block,
+        num_warps=4)
     return out
 
 
@@ -252,9 +266,11 @@ def _down_kernel(H, W2, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blo
 
 
 @triton.jit
-def _sum_kernel(Y, Weights, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_kernel(Y, Weights, A1, A2, Out, hidden, TOP_K: tl.constexpr, ADDENDS: tl.constexpr,
+                BLOCK: tl.constexpr):
     """out[t, n] = sum over j < TOP_K of weights[t, j] * y[t * TOP_K + j, n], in fp32, in j
-    order."""
+    order, cast to out's dtype; then + a1[t, n] and + a2[t, n] (the first ADDENDS of them),
+    each sum computed in fp32 and cast (as a PyTorch add of two tensors of that dtype)."""
     tok = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     mask = n < hidden
@@ -262,4 +278,11 @@ def _sum_kernel(Y, Weights, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexp
     for j in tl.static_range(TOP_K):
         w = tl.load(Weights + tok * TOP_K + j)
         acc += w * tl.load(Y + (tok * TOP_K + j) * hidden + n, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + tok * hidden + n, acc.to(Out.dtype.element_ty), mask=mask)
+    out = acc.to(Out.dtype.element_ty)
+    if ADDENDS >= 1:
+        out = (out.to(tl.float32) + tl.load(A1 + tok * hidden + n, mask=mask, other=0.0)
+               .to(tl.float32)).to(Out.dtype.element_ty)
+    if ADDENDS >= 2:
+        out = (out.to(tl.float32) + tl.load(A2 + tok * hidden + n, mask=mask, other=0.0)
+               .to(tl.float32)).to(Out.dtype.element_ty)
+    tl.store(Out + tok * hidden + n, out, mask=mask)

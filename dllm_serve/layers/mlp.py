@@ -24,6 +24,7 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, hidden) -> (T, hidden)."""
-        return swiglu(x, self.gate_up_proj.weight, self.down_proj.weight)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that."""
+        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight)
+        return y if residual is None else residual + y

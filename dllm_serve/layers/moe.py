@@ -170,26 +170,38 @@ def split_bf16(w: torch.Tensor) -> torch.Tensor:
     return torch.stack([hi, mid, lo])
 
 
-# (x (T, hidden), router_logits (T, E), expert_bias (E,) | None, routing, w13, w2) -> (T, hidden)
+# (x (T, hidden), router_logits (T, E), expert_bias (E,) | None, routing, w13, w2, addends)
+# -> (T, hidden): the routed experts' weighted sum, then each addend (T, hidden) added in order
 MoeImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RoutingParams,
-                    torch.Tensor, torch.Tensor], torch.Tensor]
+                    torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
 MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
+
+
+def add_in_order(y: torch.Tensor, addends: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """y + addends[0] + addends[1] + ..., one tensor add at a time (the oracle of the fused
+    kernels' epilogue: each sum rounded to y's dtype)."""
+    for a in addends:
+        y = y + a
+    return y
 
 
 @MOE_BACKENDS.register("torch")
 def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
-              p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """The reference: `route`, then `moe_reference`."""
+              p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
+              addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """The reference: `route`, then `moe_reference`, then the addends."""
     topk_ids, topk_weights = route(router_logits, expert_bias, p)
-    return moe_reference(x, w13, w2, topk_ids, topk_weights)
+    return add_in_order(moe_reference(x, w13, w2, topk_ids, topk_weights), addends)
 
 
 @MOE_BACKENDS.register("dense")
 def dense_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
-              p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """`route`, then `moe_dense` (training: no host sync, autograd-friendly)."""
+              p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
+              addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """`route`, then `moe_dense` (training: no host sync, autograd-friendly), then the
+    addends."""
     topk_ids, topk_weights = route(router_logits, expert_bias, p)
-    return moe_dense(x, w13, w2, topk_ids, topk_weights)
+    return add_in_order(moe_dense(x, w13, w2, topk_ids, topk_weights), addends)
 
 
 class Experts(nn.Module):
@@ -203,10 +215,12 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
-                expert_bias: torch.Tensor | None, routing: RoutingParams) -> torch.Tensor:
-        """x (T, hidden), router_logits (T, E) -> routed experts' weighted sum (T, hidden)."""
+                expert_bias: torch.Tensor | None, routing: RoutingParams,
+                addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        """x (T, hidden), router_logits (T, E) -> routed experts' weighted sum (T, hidden),
+        plus the addends (T, hidden) in order."""
         impl = MOE_BACKENDS.get(self.backend)
-        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2)
+        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends)
 
 
 def set_moe_backend(model: nn.Module, name: str) -> None:
@@ -232,9 +246,10 @@ class SparseMoeBlock(nn.Module):
         self.shared_experts = (SwiGLUMLP(hidden_size, shared_intermediate)
                                if shared_intermediate else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, hidden) -> (T, hidden)."""
-        y = self.experts(x, self.gate(x), self.gate.expert_bias, self.routing)
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(x)
-        return y
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
+        shared experts' output and the residual are added in the experts' final pass
+        (`add_in_order`: routed sum + shared, then + residual)."""
+        addends = tuple(a for a in (None if self.shared_experts is None
+                                    else self.shared_experts(x), residual) if a is not None)
+        return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends)

@@ -105,7 +105,7 @@ class DecoderLayer(nn.Module):
         """h (T, hidden) residual stream -> (T, hidden)."""
         a = self.self_attn(self.input_layernorm(h), cos, sin, fb)
         x, h = self.post_attention_layernorm(a, residual=h)  # h += a; x = norm(h)
-        return h + self.mlp(x)
+        return self.mlp(x, residual=h)  # h + mlp(x); a MoE adds h in its final pass
 
 
 class DecoderModel(nn.Module):
