@@ -308,3 +308,43 @@ def test_router_split_gemm_equals_fp32_logits_and_routing() -> None:
     ids, _ = route(got, router.expert_bias, p)
     ref_ids, _ = route(want, router.expert_bias, p)
     assert (ids.sort(1).values == ref_ids.sort(1).values).float().mean() > 0.999
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_shared_experts_on_a_side_stream_change_nothing() -> None:
+    """The shared experts overlapped on a side stream give the same bits as run in line,
+    eagerly and replayed from a CUDA graph (the fork and join captured), for fresh inputs."""
+    gen = torch.Generator().manual_seed(9)
+    experts, p = 64, LLADA2
+    block = SparseMoeBlock(256, experts, 64, p, expert_bias=True, router_fp32=True,
+                           shared_intermediate=128).to(DEVICE, torch.bfloat16)
+    for param in block.parameters():
+        param.data.copy_(rand(*param.shape, gen=gen, scale=0.1).to(param.dtype))
+    set_moe_backend(block, "triton")
+
+    def inline(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        block.overlap_shared = False
+        try:
+            return block(x, residual=h)
+        finally:
+            block.overlap_shared = True
+
+    x, h = (rand(96, 256, gen=gen, dtype=torch.bfloat16) for _ in range(2))
+    assert torch.equal(block(x, residual=h), inline(x, h))
+    static_x, static_h = x.clone(), h.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            block(static_x, residual=static_h)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = block(static_x, residual=static_h)
+    for _ in range(3):
+        x, h = (rand(96, 256, gen=gen, dtype=torch.bfloat16) for _ in range(2))
+        static_x.copy_(x)
+        static_h.copy_(h)
+        graph.replay()
+        assert torch.equal(static_out, inline(x, h))
