@@ -33,7 +33,7 @@ from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
-from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, add_in_order, route, wait_for
+from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route
 
 
 @dataclass(frozen=True)
@@ -84,36 +84,32 @@ def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
 @MOE_BACKENDS.register("triton")
 def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
                p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-               addends: tuple[torch.Tensor, ...] = (),
-               join: torch.cuda.Event | None = None) -> torch.Tensor:
+               addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """The MOE_BACKENDS "triton" entry: fused routing (where its shapes allow) + fused experts,
-    the addends added in the experts' final pass (after `join`)."""
+    the addends added in the experts' final pass."""
     routing = fused_route if route_supports(router_logits.shape[1], p) else route
     topk_ids, topk_weights = routing(router_logits, expert_bias, p)
-    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends, join=join)
+    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor,
                   launches: tuple[MoeLaunch, MoeLaunch] | None = None,
-                  addends: tuple[torch.Tensor, ...] = (),
-                  join: torch.cuda.Event | None = None) -> torch.Tensor:
+                  addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids/topk_weights (T, K)
     -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding, then the addends
-    (T, hidden) added in order (`sum_choices`, after waiting for `join`). `launches` (up, down)
-    overrides the table's (tests, benchmarks/moe_tune.py)."""
+    (T, hidden) added in order (`sum_choices`). `launches` (up, down) overrides the table's
+    (tests, benchmarks/moe_tune.py)."""
     check_device(x, "fused_experts")
     t, k = topk_ids.shape
     hidden = w2.shape[1]
     if t == 0:
-        wait_for(join, x.device)
-        return add_in_order(x.new_zeros(0, hidden), addends)
+        return x.new_zeros(0, hidden)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     blocks = expert_blocks(topk_ids, w2.shape[0])
     up, down = launches or choose_moe_launches(t * k)
     h = up_proj(x, w13, blocks, k, up)  # (A, I)
     y = down_proj(h, w2, blocks, down)  # (A, hidden)
-    wait_for(join, x.device)
     return sum_choices(y, topk_weights, x.dtype, addends)
 
 

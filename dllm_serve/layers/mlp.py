@@ -7,16 +7,13 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """x (N, hidden), gate_up (2I, hidden) = [gate rows | up rows], down (hidden, I).
 
-    Returns (N, hidden); written into `out` (N, hidden) when given (2-D x).
+    Returns (N, hidden).
     """
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)  # (N, I) each
-    if out is None:
-        return F.linear(F.silu(gate) * up, down)
-    return torch.mm(F.silu(gate) * up, down.t(), out=out)
+    return F.linear(F.silu(gate) * up, down)
 
 
 class SwiGLUMLP(nn.Module):
@@ -27,9 +24,7 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-        """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that; with out
-        (no residual): written there."""
-        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, out)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that."""
+        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight)
         return y if residual is None else residual + y

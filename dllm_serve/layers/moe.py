@@ -170,51 +170,38 @@ def split_bf16(w: torch.Tensor) -> torch.Tensor:
     return torch.stack([hi, mid, lo])
 
 
-# (x (T, hidden), router_logits (T, E), expert_bias (E,) | None, routing, w13, w2, addends,
-# join) -> (T, hidden): the routed experts' weighted sum, then each addend (T, hidden) added in
-# order; join (CUDA): an event the current stream waits for before it reads the addends (their
-# producer ran on another stream)
+# (x (T, hidden), router_logits (T, E), expert_bias (E,) | None, routing, w13, w2, addends)
+# -> (T, hidden): the routed experts' weighted sum, then each addend (T, hidden) added in order
 MoeImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RoutingParams,
-                    torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...],
-                    "torch.cuda.Event | None"], torch.Tensor]
+                    torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
 MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
 
 
-def add_in_order(y: torch.Tensor, addends: tuple[torch.Tensor, ...],
-                 join: torch.cuda.Event | None = None) -> torch.Tensor:
+def add_in_order(y: torch.Tensor, addends: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """y + addends[0] + addends[1] + ..., one tensor add at a time (the oracle of the fused
-    kernels' epilogue: each sum rounded to y's dtype), after waiting for `join`."""
-    wait_for(join, y.device)
+    kernels' epilogue: each sum rounded to y's dtype)."""
     for a in addends:
         y = y + a
     return y
 
 
-def wait_for(join: torch.cuda.Event | None, device: torch.device) -> None:
-    """The current stream waits (on the device, not the host) for `join`, if given."""
-    if join is not None:
-        torch.cuda.current_stream(device).wait_event(join)
-
-
 @MOE_BACKENDS.register("torch")
 def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-              addends: tuple[torch.Tensor, ...] = (),
-              join: torch.cuda.Event | None = None) -> torch.Tensor:
+              addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """The reference: `route`, then `moe_reference`, then the addends."""
     topk_ids, topk_weights = route(router_logits, expert_bias, p)
-    return add_in_order(moe_reference(x, w13, w2, topk_ids, topk_weights), addends, join)
+    return add_in_order(moe_reference(x, w13, w2, topk_ids, topk_weights), addends)
 
 
 @MOE_BACKENDS.register("dense")
 def dense_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-              addends: tuple[torch.Tensor, ...] = (),
-              join: torch.cuda.Event | None = None) -> torch.Tensor:
+              addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """`route`, then `moe_dense` (training: no host sync, autograd-friendly), then the
     addends."""
     topk_ids, topk_weights = route(router_logits, expert_bias, p)
-    return add_in_order(moe_dense(x, w13, w2, topk_ids, topk_weights), addends, join)
+    return add_in_order(moe_dense(x, w13, w2, topk_ids, topk_weights), addends)
 
 
 class Experts(nn.Module):
@@ -229,12 +216,11 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 expert_bias: torch.Tensor | None, routing: RoutingParams,
-                addends: tuple[torch.Tensor, ...] = (),
-                join: torch.cuda.Event | None = None) -> torch.Tensor:
+                addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """x (T, hidden), router_logits (T, E) -> routed experts' weighted sum (T, hidden),
-        plus the addends (T, hidden) in order (read after `join`)."""
+        plus the addends (T, hidden) in order."""
         impl = MOE_BACKENDS.get(self.backend)
-        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends, join)
+        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends)
 
 
 def set_moe_backend(model: nn.Module, name: str) -> None:
@@ -257,43 +243,13 @@ class SparseMoeBlock(nn.Module):
         self.routing = routing
         self.gate = Router(hidden_size, num_experts, expert_bias, router_fp32)
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
-        self.overlap_shared = True  # run the shared experts on a side stream (CUDA)
         self.shared_experts = (SwiGLUMLP(hidden_size, shared_intermediate)
                                if shared_intermediate else None)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
         shared experts' output and the residual are added in the experts' final pass
-        (`add_in_order`: routed sum + shared, then + residual). On CUDA the shared experts run
-        on a side stream, overlapping the router, the expert sort and the routed experts
-        (small GEMMs beside bandwidth-bound ones); the final pass waits for them. Their output
-        is allocated on the current stream before the fork, so its memory is only ever reused
-        after that join (the side stream's own temporaries stay on it)."""
-        shared, join = None, None
-        if self.shared_experts is not None:
-            side = self._side_stream(x)
-            shared = torch.empty_like(x) if x.is_cuda and x.dim() == 2 else None
-            if side is None:
-                shared = self.shared_experts(x, out=shared)
-            else:
-                side.wait_stream(torch.cuda.current_stream(x.device))
-                with torch.cuda.stream(side):
-                    self.shared_experts(x, out=shared)
-                    join = torch.cuda.Event()
-                    join.record(side)
-        addends = tuple(a for a in (shared, residual) if a is not None)
-        return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends, join)
-
-    def _side_stream(self, x: torch.Tensor) -> torch.cuda.Stream | None:
-        """The stream the shared experts run on (CUDA, 2-D input, no autograd,
-        `overlap_shared`), made once per device and shared by every MoE block."""
-        if not (self.overlap_shared and x.is_cuda and x.dim() == 2
-                and not torch.is_grad_enabled()):
-            return None
-        stream = _SIDE_STREAMS.get(x.device)
-        if stream is None:
-            stream = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
-        return stream
-
-
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+        (`add_in_order`: routed sum + shared, then + residual)."""
+        addends = tuple(a for a in (None if self.shared_experts is None
+                                    else self.shared_experts(x), residual) if a is not None)
+        return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends)
