@@ -37,6 +37,8 @@ EXAMPLES: list[object] = [
     m.Preempted(4, 32, np.zeros((1, 32), np.int64), [{"age": np.array(2)}], [2], 9),
     m.Failed(4, "non-finite logits"),
     m.WorkerReport(RETIRED, [], [m.Failed(1, "x")], 3, 1, 2, 40, 5), m.WorkerFailed("tb"),
+    m.Retired(*[np.zeros(0, np.int64)] * 2, np.zeros((0, 32), np.int64),
+              *[np.zeros(0, np.int64)] * 3),  # packed as one table: none retired
 ]
 
 
