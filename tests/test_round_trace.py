@@ -1,0 +1,53 @@
+"""The worker's round trace (managers/round_trace.py): device items are timed off the busy
+loop, in order, every one of them, and read back by benchmarks/trace_summary.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.trace_summary import read_trace, summarize
+from dllm_serve.managers import round_trace
+from dllm_serve.managers.round_trace import Tracer
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_items_are_timed_in_batches_and_all_written_on_settle(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """With PENDING = 3 the tracer times items three at a time while busy (none in between),
+    and settle() writes the rest; every item keeps its kind, rows and order, its device time
+    covers its work and no gap is negative."""
+    monkeypatch.setattr(round_trace, "PENDING", 3)
+    path = tmp_path / "trace.jsonl"
+    tracer = Tracer(str(path), torch.device("cpu"), {"cuda_graphs": False})
+    pending = []
+    for i in range(8):
+        assert tracer.run("denoise" if i % 4 else "prefill", lambda: time.sleep(0.002),
+                          rows=i) is None
+        pending.append(len(tracer.pending))
+    assert pending == [1, 2, 0, 1, 2, 0, 1, 2]  # timed when three wait, not per item
+    tracer.host(0.0, 1.0, 0.1, [0.2, 0.3, 0.4])
+    tracer.settle()
+    out = records(path)
+    assert out[0]["kind"] == "worker"
+    items = [r for r in out if r["kind"] in ("prefill", "denoise")]
+    assert [r["rows"] for r in items] == list(range(8))
+    assert [r["kind"] for r in items] == ["prefill", "denoise", "denoise", "denoise"] * 2
+    assert all(r["gpu_ms"] >= 2.0 and r["gap_ms"] >= 0.0 for r in items)
+    assert items[0]["gap_ms"] == 0.0
+    host = [r for r in out if r["kind"] == "host"]
+    assert host == [{"kind": "host", "t0": 0.0, "t1": 1.0, "wait_ms": 100.0,
+                     "phases_ms": [200.0, 300.0, 400.0]}]
+    summary = summarize(read_trace(str(path), 0.0, time.monotonic()))
+    assert (summary["forwards"], summary["prefills"]) == (6, 2)
+    assert summary["busy_fraction"] + summary["idle_fraction"] == pytest.approx(1.0)
+    assert summary["rows_mean"] == pytest.approx(sum(r["rows"] for r in items
+                                                     if r["kind"] == "denoise") / 6)
