@@ -250,6 +250,6 @@ class SparseMoeBlock(nn.Module):
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
         shared experts' output and the residual are added in the experts' final pass
         (`add_in_order`: routed sum + shared, then + residual)."""
-        addends = tuple(a for a in (None if self.shared_experts is None
-                                    else self.shared_experts(x), residual) if a is not None)
+        shared = () if self.shared_experts is None else (self.shared_experts(x),)
+        addends = shared + (() if residual is None else (residual,))
         return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends)

@@ -278,18 +278,16 @@ class ResidentBatch:
             self._leave(r)
         for r in reqs:
             self._enter(r)
-        counts = [len(r.blocks) for r in reqs]
-        seeds = [r.settings.seed for r in reqs]
+        cols = Columns.of(reqs)
         self.storage.write_rows(np.arange(len(rows)), None, None,
                                 np.fromiter((b.start for b in rows), np.int64, len(rows)),
-                                np.repeat(np.arange(len(reqs)), counts),
-                                np.repeat(np.asarray(seeds, dtype=np.int64), counts))
+                                np.repeat(np.arange(len(reqs)), cols.counts),
+                                np.repeat(np.asarray(cols.seeds, dtype=np.int64), cols.counts))
         self.storage.write_params(np.arange(len(reqs)), self._params(reqs), len(rows),
                                   len(reqs))
         owners = [r for r in reqs for _ in r.blocks]
         for i, r in enumerate(reqs):
             r.pos = i
-        cols = Columns.of(reqs)
         return Layout(reqs, rows, owners, self._batch(cols, steps),
                       self.storage.views(len(rows))[1], cols, [])
 

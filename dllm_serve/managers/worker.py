@@ -215,9 +215,9 @@ class Worker:
         """Queue forward + step over the current layout; nothing waits for the device."""
         layout = self.batch.layout()
         if layout is not self.prepared:
-            b = layout.batch
-            self.run = self.runner.prepare_denoise(
-                layout.cols.slots, b.first_starts, b.num_blocks, b.block_ids)
+            c = layout.cols
+            self.run = self.runner.prepare_denoise(c.slots, c.first_starts, c.counts,
+                                                   layout.batch.block_ids)
             self.prepared = layout
         assert self.run is not None
         run = self.run

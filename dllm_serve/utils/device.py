@@ -89,16 +89,15 @@ def _ring(device: torch.device) -> PinnedRing:
 def to_device(array: np.ndarray | Sequence[int] | Sequence[float], device: torch.device,
               dtype: torch.dtype | None = None) -> torch.Tensor:
     """One host-to-device copy that does not wait for the device (pinned staging on CUDA)."""
-    if device.type == "cuda" and isinstance(array, np.ndarray) and dtype is None \
-            and array.dtype in _TORCH_DTYPES:  # the worker's per-forward path: numpy only
-        staged = _ring(device).stage(np.ascontiguousarray(array))
-        return staged.to(device, non_blocking=True)
-    t = torch.from_numpy(array) if isinstance(array, np.ndarray) else torch.tensor(array)
-    if dtype is not None:
-        t = t.to(dtype)
+    if not (isinstance(array, np.ndarray) and dtype is None):  # lists, or a cast first
+        t = torch.from_numpy(array) if isinstance(array, np.ndarray) else torch.tensor(array)
+        t = t if dtype is None else t.to(dtype)
+        if device.type != "cuda":
+            return t
+        array = t.numpy()
     if device.type != "cuda":
-        return t.to(device)
-    return _ring(device).stage(np.ascontiguousarray(t.numpy())).to(device, non_blocking=True)
+        return torch.from_numpy(array)
+    return _ring(device).stage(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
 
 def copy_to_device(dst: torch.Tensor, array: np.ndarray) -> None:
