@@ -152,7 +152,7 @@ def test_sum_choices_equals_torch(tokens: int, top_k: int, hidden: int,
     a second call."""
     gen = torch.Generator().manual_seed(tokens)
     y = rand(tokens * top_k, hidden, gen=gen).to(dtype)
-    w = torch.rand(tokens, top_k, generator=gen)
+    w = torch.rand(tokens, top_k, generator=gen).to(DEVICE)
     out = sum_choices(y, w, dtype)
     ref = (y.view(tokens, top_k, hidden).float() * w[:, :, None]).sum(1).to(dtype)
     assert out.dtype == dtype and out.shape == ref.shape
@@ -169,7 +169,7 @@ def test_sum_choices_adds_the_addends_as_torch_does(count: int, dtype: torch.dty
     gen = torch.Generator().manual_seed(count)
     tokens, top_k, hidden = 6, 4, 2100
     y = rand(tokens * top_k, hidden, gen=gen).to(dtype)
-    w = torch.rand(tokens, top_k, generator=gen)
+    w = torch.rand(tokens, top_k, generator=gen).to(DEVICE)
     addends = tuple(rand(tokens, hidden, gen=gen, scale=4.0 ** i).to(dtype)
                     for i in range(count))
     out = sum_choices(y, w, dtype, addends)
