@@ -115,6 +115,7 @@ def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
     init = torch.where(torch.rand(shape) < 0.5, algo.mask_id, init).to(runner.device)
     storage.write_rows(np.arange(b), None, None, np.asarray(prefixes, dtype=np.int64),
                        np.arange(b), np.zeros(b, np.int64))
+    storage.flush()  # applied by the first round's forward
     storage.write_params(np.arange(b), np.repeat(storage.defaults[:, None], b, axis=1), b, b)
     ids, state = storage.views(b)
     batch = DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,

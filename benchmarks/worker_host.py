@@ -64,7 +64,12 @@ class MetaRunner(FakeRunner):
         bucket = 1 << max(0, (n - 1).bit_length())
         self.meta.write(bucket, slots, first_starts, num_blocks)
         logits = torch.zeros(block_ids.numel(), VOCAB)
-        return DenoiseRun(lambda: logits)
+
+        def run() -> torch.Tensor:
+            self.before()  # the worker's staged row writes
+            return logits
+
+        return DenoiseRun(run)
 
 
 def engine(running: int, fdfo: bool, depth: int) -> LocalEngine:

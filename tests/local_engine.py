@@ -150,6 +150,7 @@ class FakeRunner:
         self.device = torch.device("cpu")
         self.vocab = vocab
         self.graphs = None
+        self.before: Any = None
         # ("prefill", slots, seg_starts, token lists) / ("forward", slots, first_starts, blocks)
         self.log: list[tuple[str, list[int], list[int], list[Any]]] = []
         self.page_table: dict[int, dict[int, int]] = {}
@@ -164,14 +165,17 @@ class FakeRunner:
                 token_ids: list[np.ndarray]) -> None:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))
 
-    def warm_up(self, *args: Any) -> None:
-        pass
+    def warm_up(self, ids: Any = None, step: Any = None, width: int = 0,
+                before: Any = None) -> None:
+        self.before = before  # as the real runner: run first in every denoise forward
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                         block_ids: torch.Tensor) -> DenoiseRun:
         entry = ("forward", list(slots), list(first_starts), list(num_blocks))
 
         def run() -> torch.Tensor:
+            if self.before is not None:
+                self.before()
             self.log.append(entry)
             return torch.zeros(block_ids.numel(), self.vocab)
 

@@ -98,11 +98,12 @@ class ScriptedLogits:
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         pass
 
-    def warm_up(self, *args: object) -> None:
-        pass
+    def warm_up(self, ids: object, step: object, width: int, before) -> None:  # type: ignore[no-untyped-def]
+        self.before = before  # the worker's staged row writes, first in every forward
 
     def prepare_denoise(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]
         def run() -> torch.Tensor:
+            self.before()
             self.layouts.append(list(num_blocks))
             return logits_for([[1, 2]] * block_ids.shape[0], self.p)
 

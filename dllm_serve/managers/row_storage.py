@@ -9,7 +9,14 @@ live batch directly. Buffers, `capacity` rows each:
                                           its request's sampling seed
   req_params {name: (capacity,)} float32  per-request values of the algorithm's request_params
                                           (indexed by row_req), the config default where unset
-Rows at N and past (graph padding) hold garbage that nothing reads back.
+Rows at N and past (graph padding) hold garbage that nothing reads back. One more row past
+`capacity` (the scratch row) takes the unused records of the inbox.
+
+Row writes are staged: `write_rows` packs the rows into the host inbox (kernels/row_inbox.py),
+`flush` copies it to the device in one copy, and `apply_staged` applies it: the runner calls
+it first thing in every denoise forward (inside the forward's CUDA graph when there is one), so
+a patch of the resident batch costs the host one copy, whatever the algorithm's state.
+Invariant: between `flush` and the next denoise forward nothing reads the staged rows.
 """
 
 from __future__ import annotations
@@ -21,6 +28,14 @@ import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
+from dllm_serve.kernels.row_inbox import (
+    FRESH_STATE,
+    HAS_IDS,
+    RECORD_HEAD,
+    apply_rows,
+    apply_rows_reference,
+    record_width,
+)
 from dllm_serve.managers.messages import RowState
 from dllm_serve.utils.device import copy_to_device, to_device
 
@@ -29,18 +44,28 @@ class RowStorage:
     def __init__(self, algo: DllmAlgorithm, capacity: int, block_size: int,
                  device: torch.device) -> None:
         self.algo, self.capacity, self.k, self.device = algo, capacity, block_size, device
-        self.ids = torch.full((capacity, block_size), algo.mask_id, dtype=torch.int64,
-                              device=device)
-        self.state = algo.init_step_state(self.ids)
-        self.rows_meta = torch.zeros(3, capacity, dtype=torch.int64, device=device)
-        self.row_req, self.row_start, self.row_seed = self.rows_meta.unbind(0)
+        rows = capacity + 1  # the last: the scratch row
+        self.all_ids = torch.full((rows, block_size), algo.mask_id, dtype=torch.int64,
+                                  device=device)
+        self.all_state = algo.init_step_state(self.all_ids)
+        self.all_meta = torch.zeros(3, rows, dtype=torch.int64, device=device)
+        self.ids = self.all_ids[:capacity]
+        self.state = (None if self.all_state is None
+                      else {key: v[:capacity] for key, v in self.all_state.items()})
+        self.row_req, self.row_start, self.row_seed = self.all_meta[:, :capacity].unbind(0)
         self.defaults = np.array([float(getattr(algo.config, n)) for n in algo.request_params],
                                  dtype=np.float32)
         self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, capacity)
-        # rows written by write_rows, staged here: indexes, request, start, seed, ids
-        self.upload = torch.empty(capacity * (4 + block_size), dtype=torch.int64, device=device)
-        self._uploads: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                    torch.Tensor | None]] = {}
+        self.width = record_width(block_size)
+        self.inbox = torch.zeros(1 + capacity * self.width, dtype=torch.int64, device=device)
+        self.staged = np.zeros(1 + capacity * self.width, dtype=np.int64)  # its host copy
+        self.records = self.staged[1:].reshape(capacity, self.width)
+        self.pending = 0  # records staged and not yet copied
+        self.sent = False  # a copy not yet applied by an eager apply_staged
+        self._rows_arange = torch.arange(capacity, device=device)
+        if device.type == "cuda":  # compile the apply kernel now (nothing staged: a no-op)
+            self.sent = True
+            self.apply_staged()
         self._padding = (-1, -1)  # (rows, reqs) of write_params' last fill of padding rows
         self._cache: dict[int, tuple[torch.Tensor, State | None,
                                      tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
@@ -61,39 +86,72 @@ class RowStorage:
     def write_rows(self, at: np.ndarray, ids: np.ndarray | None,
                    states: list[RowState | None] | None, starts: np.ndarray, reqs: np.ndarray,
                    seeds: np.ndarray) -> None:
-        """Rows `at` (M,) := block starts, request indexes and seeds (M,) (rows_meta's order:
-        request, start, seed) and, unless ids is None, ids (M, K) (host) with fresh state (or
-        a resumed block's own, from states); the other rows stay. One host-to-device copy.
-        The one way rows' metadata is written: every row on a compaction (ids None: they
-        were gathered on the device), the changed rows on a patch."""
+        """Rows `at` (M,) := block starts, request indexes and seeds (M,) and, unless ids is
+        None, ids (M, K) (host) with fresh state (or a resumed block's own, from states); the
+        other rows stay. Staged: applied at the next denoise forward, after `flush`. The one
+        way rows' metadata is written: every row on a compaction (ids None: they were gathered
+        on the device), the changed rows on a patch."""
         m = len(at)
         if m == 0:
             return
-        parts = [at, reqs, starts, seeds] + ([] if ids is None else [ids.reshape(-1)])
-        flat, idx, meta, new_ids = self._upload_views(m, ids is not None)
-        copy_to_device(flat, np.concatenate(parts).astype(np.int64, copy=False))
-        self.rows_meta.index_copy_(1, idx, meta)
-        if new_ids is None:
-            return
-        self.ids.index_copy_(0, idx, new_ids)
-        state = self.fresh_state(new_ids, states or [None] * m)
-        if state is not None and self.state is not None:
-            for key, value in state.items():
-                self.state[key].index_copy_(0, idx, value)
+        if self.pending:  # one staged write at a time: rows written twice stay ordered
+            self.flush()
+            self.apply_staged()
+        rec = self.records[:m]
+        rec[:, 0], rec[:, 1], rec[:, 2], rec[:, 3] = at, reqs, starts, seeds
+        states = states or [None] * m
+        # state written now, not by the inbox: a resumed block's own, and every fresh state of
+        # an algorithm whose state init may not be captured in a graph
+        carried = [] if ids is None else [i for i, s in enumerate(states)
+                                          if s is not None or not self.algo.graph_safe]
+        if ids is None:
+            rec[:, 4] = 0
+        else:
+            rec[:, 4] = HAS_IDS | FRESH_STATE
+            rec[:, RECORD_HEAD:] = ids
+            rec[carried, 4] = HAS_IDS
+        self.pending = m
+        if carried and self.state is not None:
+            self._write_carried(at[carried], ids[carried], [states[i] for i in carried])
 
-    def _upload_views(self, m: int, with_ids: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                             torch.Tensor, torch.Tensor | None]:
-        """Views of `upload` for m rows (made once per m): the whole (m * (4 [+ K]),), the row
-        indexes (m,), their metadata (3, m) and, with ids, their ids (m, K). The upload buffer
-        is reused by every write: a later copy into it is queued after the reads of the one
-        before (stream order)."""
-        key = (m, with_ids)
-        views = self._uploads.get(key)
-        if views is None:
-            flat = self.upload[:m * (4 + (self.k if with_ids else 0))]
-            views = self._uploads[key] = (flat, flat[:m], flat[m:4 * m].view(3, m),
-                                          flat[4 * m:].view(m, self.k) if with_ids else None)
-        return views
+    def _write_carried(self, at: np.ndarray, ids: np.ndarray,
+                       states: list[RowState | None]) -> None:
+        """State rows `at` := fresh state for ids (M, K), with resumed blocks' own values
+        (states[i] not None) over it (the inbox leaves these rows' state alone)."""
+        assert self.state is not None
+        state = self.fresh_state(to_device(ids, self.device), states)
+        idx = to_device(at.astype(np.int64), self.device)
+        for key, value in (state or {}).items():
+            self.state[key].index_copy_(0, idx, value)
+
+    def flush(self) -> None:
+        """Copy the staged rows to the device inbox (one copy); the next denoise forward
+        applies them."""
+        if not self.pending:
+            return
+        n = 1 + self.pending * self.width
+        self.staged[0] = self.pending
+        copy_to_device(self.inbox[:n], self.staged[:n])
+        self.pending, self.sent = 0, True
+
+    def apply_staged(self) -> None:
+        """Apply the inbox on the device (the runner's hook before each denoise forward; no
+        host sync, captured into the forward's graph). Eagerly, a no-op when nothing was sent."""
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not (self.sent or capturing):
+            return
+        self.sent = False
+        if self.all_state is not None and self.algo.graph_safe:  # before the count is zeroed
+            records = self.inbox[1:].view(self.capacity, self.width)
+            fresh = self.algo.init_step_state(records[:, RECORD_HEAD:])
+            due = (self._rows_arange < self.inbox[0]) & ((records[:, 4] & FRESH_STATE) != 0)
+            rows = torch.where(due, records[:, 0], self.capacity)
+            for key, value in (fresh or {}).items():
+                self.all_state[key].index_copy_(0, rows, value)
+        if self.device.type == "cuda":
+            apply_rows(self.inbox, self.all_ids, self.all_meta)
+        else:
+            apply_rows_reference(self.inbox, self.all_ids, self.all_meta)
 
     def write_params(self, at: np.ndarray, params: np.ndarray, rows: int, reqs: int) -> None:
         """Requests `at` (M,) := per-request params (P, M); rows [rows, capacity) (padding)

@@ -95,7 +95,7 @@ class Worker:
         self.storage = RowStorage(algo, rows, self.k, runner.device)
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
         runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
-                       self.k + len(FLAGS))
+                       self.k + len(FLAGS), self.storage.apply_staged)
         cuda = runner.device.type == "cuda"
         self.adaptive = depth is None and cuda
         self.depth = depth or 1
@@ -219,6 +219,7 @@ class Worker:
             self.run = self.runner.prepare_denoise(c.slots, c.first_starts, c.counts,
                                                    layout.batch.block_ids)
             self.prepared = layout
+        self.storage.flush()  # the layout's row writes: applied first thing in the forward
         assert self.run is not None
         run = self.run
         if run.step is not None and not layout.batch.sampled:  # one graph: forward + step

@@ -36,10 +36,11 @@ class DenoiseGraphs(BucketedForwards):
     def __init__(self, model: nn.Module, kv: KVCache, attn: TritonAttention, block_size: int,
                  max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int,
                  ids: torch.Tensor | None = None, step: Step | None = None,
-                 width: int = 0) -> None:
+                 width: int = 0, before: Callable[[], None] | None = None) -> None:
         """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
         storage); default: a buffer of the graphs' own. step: the greedy step to run after the
-        forward, (bucket, logits) -> readout (bucket, width)."""
+        forward, (bucket, logits) -> readout (bucket, width). before: device work queued
+        first in every forward (captured with it)."""
         dev = kv.req_to_page.device
         if ids is None:
             ids = torch.full((max_blocks, block_size), pad_id, dtype=torch.int64, device=dev)
@@ -52,6 +53,7 @@ class DenoiseGraphs(BucketedForwards):
         self.logits = torch.zeros(layout.max_tokens, vocab_size,
                                   dtype=model.lm_head.weight.dtype, device=dev)
         self.step = step
+        self.before = before  # first in every forward (the worker's staged row writes)
         self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
 
     # ---- per forward ---------------------------------------------------------------------
@@ -90,6 +92,8 @@ class DenoiseGraphs(BucketedForwards):
     def logits_of(self, static: StaticForward) -> torch.Tensor:
         """The bucket's forward -> its logits (T_pad, V) in the model's dtype, in the static
         buffer."""
+        if self.before is not None:
+            self.before()
         hidden = self.hidden(static)  # (T_pad, hidden)
         return self.model.compute_logits(hidden, out=self.logits[:static.tokens])
 

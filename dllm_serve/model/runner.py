@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 CPU_MAX_KV_TOKENS = 262144
 Forward = Callable[[], torch.Tensor]  # -> logits (N * K, V) fp32, valid until the next call
+Hook = Callable[[], None]  # device work queued before every denoise forward (no host sync)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class ModelRunner:
         self.cfg = cfg
         self.prefill_graphs = self._prefill_graphs()
         self.graphs: DenoiseGraphs | None = None  # see warm_up
+        self.before_denoise: Hook | None = None  # see warm_up
         self.warmup_s = 0.0
 
     @property
@@ -152,12 +154,15 @@ class ModelRunner:
                              self.cfg.mask_id, self.scratch_slot)
 
     def warm_up(self, ids: torch.Tensor | None = None, step: Step | None = None,
-                width: int = 0) -> None:
+                width: int = 0, before: Hook | None = None) -> None:
         """Build the bucketed denoise forwards over the static token ids `ids` (the worker's
         row storage, (rows, K)) with the greedy `step` (bucket, logits) -> readout (bucket,
         width) after the forward when given; then, on CUDA, compile every bucket's kernels,
         prefill and denoise: capture their CUDA graphs when the config asks for them (on a
-        capture failure warn and run them eagerly), and run each bucket without a graph once."""
+        capture failure warn and run them eagerly), and run each bucket without a graph once.
+        `before` runs first in every denoise forward from then on, bucketed (inside its graph)
+        or eager (the worker's staged row writes)."""
+        self.before_denoise = before
         if not self.bucketed:
             return
         from dllm_serve.model.denoise_graphs import DenoiseGraphs
@@ -166,7 +171,7 @@ class ModelRunner:
         rows = self.cfg.graph_max_blocks if ids is None else ids.shape[0]
         self.graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,  # type: ignore[arg-type]
                                     rows, self.cfg.model.vocab_size, self.cfg.mask_id,
-                                    self.scratch_slot, ids, step, width)
+                                    self.scratch_slot, ids, step, width, before)
         if self.device.type != "cuda":
             return  # nothing to compile (the interpreter), no graphs
         graphs = self._want_graphs() and self._capture()
@@ -252,7 +257,16 @@ class ModelRunner:
             run = self.graphs.prepare(slots, first_starts, num_blocks, block_ids)
             if run is not None:
                 return run
-        return DenoiseRun(self.eager_forward(slots, first_starts, num_blocks, block_ids))
+        forward, before = self.eager_forward(slots, first_starts, num_blocks, block_ids), \
+            self.before_denoise
+        if before is None:
+            return DenoiseRun(forward)
+
+        def run() -> torch.Tensor:
+            before()
+            return forward()
+
+        return DenoiseRun(run)
 
     def eager_forward(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                       block_ids: torch.Tensor) -> Forward:

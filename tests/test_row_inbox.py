@@ -1,0 +1,124 @@
+"""Staged row writes: the inbox kernel equals its PyTorch reference, and RowStorage's staged
+writes land only at the next denoise forward (the runner's hook), once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dllm_serve.dllm.algorithms import build_algorithm
+from dllm_serve.dllm.config import DllmConfig
+from dllm_serve.kernels.row_inbox import (
+    FRESH_STATE,
+    HAS_IDS,
+    RECORD_HEAD,
+    apply_rows,
+    apply_rows_reference,
+    record_width,
+)
+from dllm_serve.managers.row_storage import RowStorage
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+MASK = 15
+
+
+def inbox_of(records: list[tuple[int, int, int, int, int, list[int]]], capacity: int,
+             k: int, gen: torch.Generator) -> torch.Tensor:
+    """An inbox with these records, garbage in the unused ones (they must not be applied)."""
+    width = record_width(k)
+    inbox = torch.randint(0, 1000, (1 + capacity * width,), generator=gen)
+    inbox[0] = len(records)
+    for e, (row, req, start, seed, flags, ids) in enumerate(records):
+        rec = inbox[1 + e * width:1 + (e + 1) * width]
+        rec[:RECORD_HEAD] = torch.tensor([row, req, start, seed, flags])
+        rec[RECORD_HEAD:] = torch.tensor(ids)
+    return inbox.to(DEVICE)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 21])
+def test_apply_rows_equals_reference(count: int) -> None:
+    """Rows in the count get their metadata, and their ids where HAS_IDS is set; records past
+    the count and every other row stay; the count is zeroed. 21 records: two inner steps."""
+    gen = torch.Generator().manual_seed(count)
+    capacity, k = 24, 6
+    rows = torch.randperm(capacity, generator=gen)[:count].tolist()
+    records = [(r, i, 100 + i, 7 * i, HAS_IDS if i % 3 else 0, [r * 10 + j for j in range(k)])
+               for i, r in enumerate(rows)]
+    inbox = inbox_of(records, capacity, k, gen)
+    ids = torch.randint(0, 50, (capacity + 1, k), generator=gen).to(DEVICE)
+    meta = torch.randint(0, 50, (3, capacity + 1), generator=gen).to(DEVICE)
+    want_ids, want_meta = ids.clone(), meta.clone()
+    for row, req, start, seed, flags, row_ids in records:
+        want_meta[:, row] = torch.tensor([req, start, seed])
+        if flags & HAS_IDS:
+            want_ids[row] = torch.tensor(row_ids)
+    ref_inbox, ref_ids, ref_meta = inbox.clone(), ids.clone(), meta.clone()
+    apply_rows_reference(ref_inbox, ref_ids, ref_meta)
+    apply_rows(inbox, ids, meta)
+    for got in ((ids, meta), (ref_ids, ref_meta)):  # the scratch row (last) may hold anything
+        assert torch.equal(got[0][:capacity], want_ids[:capacity])
+        assert torch.equal(got[1][:, :capacity], want_meta[:, :capacity])
+    assert int(inbox[0]) == 0 and int(ref_inbox[0]) == 0
+    assert torch.equal(inbox[1:], ref_inbox[1:])
+
+
+def storage(algorithm: str) -> RowStorage:
+    cfg = DllmConfig(algorithm=algorithm, block_size=4, mask_id=MASK)
+    return RowStorage(build_algorithm(cfg), 8, 4, DEVICE)
+
+
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_staged_rows_land_at_the_next_forward_with_fresh_state(algorithm: str) -> None:
+    """write_rows changes nothing on the device until flush + apply_staged (the runner's hook
+    before a forward); then the rows hold their ids, metadata and the algorithm's fresh state,
+    and a second apply (a forward with nothing staged) changes nothing."""
+    s = storage(algorithm)
+    if s.state is not None:
+        for v in s.state.values():
+            v.fill_(1)
+    before_ids = s.ids.clone()
+    ids = np.array([[1, MASK, MASK, 2], [MASK] * 4], dtype=np.int64)
+    s.write_rows(np.array([5, 2]), ids, [None, None], np.array([64, 96]), np.array([1, 0]),
+                 np.array([11, 12]))
+    assert torch.equal(s.ids, before_ids)
+    s.flush()
+    s.apply_staged()
+    assert s.ids[5].tolist() == ids[0].tolist() and s.ids[2].tolist() == ids[1].tolist()
+    assert s.row_req[[5, 2]].tolist() == [1, 0] and s.row_start[[5, 2]].tolist() == [64, 96]
+    assert s.row_seed[[5, 2]].tolist() == [11, 12]
+    assert torch.equal(s.ids[[0, 1, 3, 4, 6, 7]], before_ids[[0, 1, 3, 4, 6, 7]])
+    if s.state is not None:
+        fresh = s.algo.init_step_state(torch.as_tensor(ids, device=DEVICE))
+        for key, v in s.state.items():
+            assert torch.equal(v[[5, 2]], fresh[key]), key
+            assert (v[[0, 1, 3, 4, 6, 7]] == 1).all(), key  # other rows untouched
+    snapshot = s.ids.clone()
+    s.ids[5, 0] = 9  # as a step would edit it
+    s.apply_staged()
+    assert s.ids[5, 0] == 9 and torch.equal(s.ids[2], snapshot[2])
+
+
+def test_metadata_only_rows_keep_ids_and_a_resumed_block_keeps_its_state() -> None:
+    """ids None (a compaction's rows): only metadata is written. A block that brings its own
+    state (a preempted block resumed) keeps it; the fresh state goes to the others."""
+    s = storage("JointThreshold")
+    assert s.state is not None
+    s.ids[3] = 7
+    s.write_rows(np.array([3]), None, None, np.array([32]), np.array([2]), np.array([5]))
+    s.flush()
+    s.apply_staged()
+    assert s.ids[3].tolist() == [7] * 4 and int(s.row_start[3]) == 32
+    own = {key: (~v[0] if v.dtype == torch.bool else v[0] + 3).cpu().numpy()
+           for key, v in s.algo.init_step_state(torch.full((1, 4), MASK, device=DEVICE)).items()}
+    ids = np.full((2, 4), MASK, dtype=np.int64)
+    s.write_rows(np.array([1, 4]), ids, [own, None], np.array([0, 4]), np.array([0, 1]),
+                 np.array([0, 0]))
+    s.flush()
+    s.apply_staged()
+    for key, v in s.state.items():
+        assert v[1].cpu().numpy().tolist() == np.asarray(own[key]).tolist(), key
+    fresh = s.algo.init_step_state(torch.as_tensor(ids[1:], device=DEVICE))
+    for key, v in s.state.items():
+        assert torch.equal(v[4:5], fresh[key]), key
+    assert FRESH_STATE & HAS_IDS == 0
