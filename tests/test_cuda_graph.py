@@ -220,7 +220,8 @@ def worker_tokens(model_dir: Path, static: bool, step: bool = False,
     elif not step:  # the static forward eagerly, the step after it on its logits
         runner.graphs = DenoiseGraphs(
             runner.model, runner.kv, runner.attn, K, 8, runner.model.config.vocab_size,  # type: ignore[arg-type]
-            mask_id, runner.scratch_slot, ids=worker.storage.ids)
+            mask_id, runner.scratch_slot, ids=worker.storage.ids,
+            before=worker.storage.apply_staged)
     items: list[AddPages | Admit] = [AddPages(slot, 0, p) for slot, p in enumerate(PAGES)]
     for slot, start in ((0, 64), (1, 32)):
         block = np.full((1, K), mask_id, dtype=np.int64)

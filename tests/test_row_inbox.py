@@ -65,7 +65,7 @@ def test_apply_rows_equals_reference(count: int) -> None:
 
 def storage(algorithm: str) -> RowStorage:
     cfg = DllmConfig(algorithm=algorithm, block_size=4, mask_id=MASK)
-    return RowStorage(build_algorithm(cfg), 8, 4, DEVICE)
+    return RowStorage(build_algorithm(cfg), 8, 4, DEVICE, free_key=8)
 
 
 @pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])

@@ -60,15 +60,19 @@ def check(e: LocalEngine) -> None:
 
 
 def check_layout(layout: Layout) -> None:
-    """The incrementally patched per-position columns equal columns made afresh from the
-    layout's requests; positions, holes and row owners agree."""
-    fresh = Columns.of(layout.reqs)
+    """The incrementally patched per-row columns equal columns made afresh from the layout's
+    rows; holes, row owners and rows agree: every active block of a request in the layout has
+    exactly one row, and that row knows it."""
+    fresh = Columns.of(layout.reqs, layout.rows)
     for name in COLUMN_FIELDS:
         assert getattr(layout.cols, name) == getattr(fresh, name), name
     assert layout.holes == [i for i, r in enumerate(layout.reqs) if r.hole]
-    assert all(r.pos == i for i, r in enumerate(layout.reqs) if not r.hole)
-    assert layout.owners == [r for r in layout.reqs for _ in r.blocks]
     assert all(b.row == x for x, b in enumerate(layout.rows) if b.alive)
+    owners = {id(r): r for r in layout.reqs if not r.hole}
+    assert all(b in r.blocks for r, b in zip(layout.reqs, layout.rows, strict=True)
+               if not r.hole)
+    placed = [b for b in layout.rows if b.alive]
+    assert sorted(map(id, placed)) == sorted(id(b) for r in owners.values() for b in r.blocks)
     assert layout.batch.num_blocks == fresh.counts and len(layout.rows) == fresh.offsets[-1]
 
 

@@ -34,8 +34,13 @@ def test_readiness_counts_confident_masked_positions() -> None:
 def test_earlier_block_changed_stays_within_request() -> None:
     changed = torch.tensor([True, False, False, False, True, False])
     row_req = torch.tensor([0, 0, 0, 1, 1, 1])
-    assert earlier_block_changed(changed, row_req).tolist() == [False, True, True, False,
-                                                                 False, True]
+    row_start = torch.tensor([0, 4, 8, 0, 4, 8])
+    assert earlier_block_changed(changed, row_req, row_start).tolist() == [
+        False, True, True, False, False, True]
+    # the same blocks in another row order: the answer follows the blocks
+    order = torch.tensor([5, 2, 0, 4, 1, 3])
+    out = earlier_block_changed(changed[order], row_req[order], row_start[order])
+    assert out.tolist() == [[False, True, True, False, False, True][i] for i in order.tolist()]
 
 
 def test_plan_fdfo_retires_leading_converged_and_opens_next() -> None:
@@ -127,7 +132,7 @@ def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order(
                                 strict=True))
     # f1: block 0; f2: block 0 (ready after step 1: block 2 opens for f3); f3: blocks 0, 2
     # (block 0 converged after step 2, so f3 is its final forward) ...
-    assert runner.layouts[:4] == [[1], [1], [2], [1]]
+    assert runner.layouts[:4] == [[1], [1], [1, 1], [1]]  # each block a row of its own
     assert [s for s, _ in retired] == [0, 2, 4, 6]  # in order, every block once
     assert all(f == 3 for _, f in retired)  # 2 unmasking steps + the done-on-entry forward
     assert worker.batch.reqs == {}  # max_end reached: the worker forgot the request
@@ -141,7 +146,7 @@ def test_joint_threshold_reopens_later_block_when_left_block_edits() -> None:
     state["finished"][1] = True  # block 1 had converged against the old block 0
     algo.step(batch, logits_for([[5, 3], [4, 4]], 0.9), state)  # block 0 edits position 0
     changed = torch.tensor([True, False])
-    algo.reopen(state, earlier_block_changed(changed, batch.row_req))
+    algo.reopen(state, earlier_block_changed(changed, batch.row_req, batch.row_start))
     assert state["finished"].tolist() == [False, False]
 
 

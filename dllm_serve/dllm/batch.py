@@ -23,10 +23,11 @@ class DenoiseBatch:
 
     Per request (B of them, host): num_blocks, first_starts (absolute position of the leftmost
     active block), temperatures (0 = greedy), top_ps, seeds, top_ks and min_ps (empty: off for
-    every request); params: per-request values (B,) on
-    the device of the settings a request may override (indexed through row_req). Per block
-    (host): block_steps (N,), forwards each block has had since it opened (the step being taken
-    not counted); (device) row_req, row_start, row_seed: its request, position and seed.
+    every request); params: per-request values on the device of the settings a request may
+    override, indexed through row_req. Per block (host): block_steps (N,), forwards each block
+    has had since it opened (the step being taken not counted); (device) row_req, row_start,
+    row_seed: its request's key (equal for the blocks of one request: its index here, or the
+    worker's request slot), its position and seed.
     The worker makes a new DenoiseBatch whenever its rows change and steps the same one until
     then.
     """
@@ -107,6 +108,7 @@ class DenoiseBatch:
         one = DenoiseBatch(
             self.block_ids[rows], [self.num_blocks[request]], [self.first_starts[request]],
             [self.temperatures[request]], [self.top_ps[request]], [self.seeds[request]],
-            {k: v[request:request + 1] for k, v in self.params.items()}, self.block_steps[rows],
+            {k: v[self.row_req[first:first + 1]] for k, v in self.params.items()},
+            self.block_steps[rows],
             top_ks=self.top_ks[request:request + 1], min_ps=self.min_ps[request:request + 1])
         return one, rows

@@ -56,7 +56,8 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
         out, failed = step_each_request(algo, batch, logits, state, before, saved)
     ready = torch.zeros_like(out.done)
     if spec.wavefront:
-        algo.reopen(state, earlier_block_changed((ids != before).any(1), batch.row_req))
+        algo.reopen(state, earlier_block_changed((ids != before).any(1), batch.row_req,
+                                                   batch.row_start))
         rho = readiness(before == algo.mask_id, out.confidence, spec.token_threshold)
         ready = rho > spec.spawn_threshold
     bad = ~torch.isfinite(out.confidence).all(1)

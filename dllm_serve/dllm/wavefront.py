@@ -43,14 +43,13 @@ def readiness(masked: torch.Tensor, confidence: torch.Tensor, tau: float) -> tor
     return torch.where(n_masked > 0, n_ready / n_masked.clamp(min=1), 1.0)
 
 
-def earlier_block_changed(changed: torch.Tensor, row_req: torch.Tensor) -> torch.Tensor:
-    """changed (N,) bool per block -> (N,) bool: some earlier block of the same request changed.
+def earlier_block_changed(changed: torch.Tensor, row_req: torch.Tensor,
+                          row_start: torch.Tensor) -> torch.Tensor:
+    """changed (N,) bool per block, row_req / row_start (N,) each block's request key and
+    position -> (N,) bool: some block of the same request at an earlier position changed.
 
-    Rows are grouped by request in order, so an exclusive cumulative count within each request
-    is the running count minus the count at the request's first row.
-    """
-    count = changed.long().cumsum(0) - changed.long()  # changed blocks strictly before each row
-    first = torch.ones_like(row_req, dtype=torch.bool)  # no host scalars: graph-capturable
-    first[1:] = row_req[1:] != row_req[:-1]
-    base = torch.cummax(torch.where(first, count, 0), 0).values
-    return count - base > 0
+    Rows may be in any order (the worker keeps each block in a row of its own, wherever a row
+    was free): one (N, N) comparison, no host scalars, so it can be captured in a graph."""
+    same = row_req[:, None] == row_req[None, :]  # (N, N): row i, row j of one request
+    earlier = row_start[None, :] < row_start[:, None]  # j before i
+    return (same & earlier & changed[None, :]).any(1)

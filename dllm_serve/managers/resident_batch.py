@@ -2,23 +2,24 @@
 
 It holds every admitted request (`DeviceReq`: slot, settings) and its active blocks (`Block`),
 and their device tensors: ids (N, K) and the algorithm's state (N, ...) in rows [0, N) of the
-worker's `RowStorage`. Layout invariant: the rows are grouped by *position* (one request, or a
-hole), a request's blocks in consecutive rows in block order; `Layout.reqs` lists the positions
-in row order, so the forward's segments are exactly the rows in order. A block that stays is
-never re-sent, re-uploaded or copied to the host. When the set of blocks changes, `layout()`
-first tries a *patch*, which moves no row: a request's finished block is replaced by its next
-one in the same row, a request that leaves (or has no block open) leaves a *hole* (a position
-whose one row is a pad block: the runner's scratch slot, positions [0, K), its readout ignored),
-and a request that joins with one block takes a hole or appends a row; only the changed rows
-are written (one host-to-device copy). When that cannot be done (a request's block count
-changed: the wavefront; holes would cost a larger bucket or a quarter of the rows, or any
-compute at all on an unpadded runner; more rows than the storage holds) `compact` gathers the
-surviving rows, appends the new blocks' ids and fresh state and writes them back to rows
-[0, N) without holes, in admission order.
-A patch looks only at the requests changed since the last layout (`touched`: added, dropped,
-a block retired or opened) and copies the layout's per-position `Columns` (slots, starts,
-sampling settings), rewriting only the changed positions: its Python work grows with the
-changes, not with the batch.
+worker's `RowStorage`. Layout invariant: every row holds one block, its own segment of the
+forward (a request's blocks need not be in adjacent rows: each block attends to the cache, where
+the forward stores every block's K/V before any attention, so a block sees its request's earlier
+blocks wherever they are), or a *hole* (a pad block: the runner's scratch slot, positions [0, K),
+its readout ignored). `Layout.reqs` lists each row's request; the step groups a request's rows by
+its key (row_req: its slot). A block that stays is never re-sent, re-uploaded or copied to the
+host. When the set of blocks changes, `layout()` first tries a *patch*, which moves no row: a
+block that left (retired, dropped) leaves a hole, a new block (a request's next block, a
+wavefront's spawned block, a joining request's) takes a hole or appends a row; only the changed
+rows are written (RowStorage's staged writes: one host-to-device copy). When that cannot be done
+(holes would cost a larger bucket or a quarter of the rows, or any compute at all on an unpadded
+runner; more rows than the storage holds) `compact` gathers the surviving rows, appends the new
+blocks' ids and fresh state and writes them back to rows [0, N) without holes, in admission
+order.
+A patch looks only at what changed since the last layout (`touched`: requests added, dropped,
+with a block retired or opened; `gone`: the blocks that left) and copies the layout's per-row
+`Columns` (slots, starts, sampling settings), rewriting only the changed rows: its Python work
+grows with the changes, not with the batch.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
 array (`Layout.steps`, also the batch's `block_steps`), folded back into the blocks when the
 layout is replaced, and the batch counts its forwards in one counter (`launches`): a request's
@@ -73,7 +74,6 @@ class DeviceReq:
     entered_at: int = 0  # the batch's launch count when it entered the layout
     alive: bool = True
     hole: bool = False  # a hole's placeholder (see the module docstring), never a request
-    pos: int = -1  # its position in the current layout (while in_layout)
     seq: int = 0  # admission order (ResidentBatch.add)
 
     @property
@@ -83,13 +83,14 @@ class DeviceReq:
 
 @dataclass
 class Columns:
-    """Per position of a layout (B of them, host lists): what the forward and the step read of
-    its request. A patch copies them and rewrites only the positions that changed."""
+    """Per row of a layout (N of them, host lists): what the forward and the step read of its
+    block and request (counts: 1 each, offsets: 0..N, the forward's segments). A patch copies
+    them and rewrites only the rows that changed."""
 
     slots: list[int]
     first_starts: list[int]
     counts: list[int]
-    offsets: list[int]  # (B + 1,) first row of each position, then the row count
+    offsets: list[int]  # (N + 1,)
     temperatures: list[float]
     top_ps: list[float]
     seeds: list[int]
@@ -97,25 +98,25 @@ class Columns:
     min_ps: list[float]
 
     @staticmethod
-    def of(reqs: list[DeviceReq]) -> Columns:
-        counts = [len(r.blocks) for r in reqs]
-        return Columns([r.slot for r in reqs], [r.first_start for r in reqs], counts,
-                       np.cumsum([0, *counts]).tolist(),
-                       *([getattr(r.settings, n) for r in reqs] for _, n in SETTING_COLUMNS))
+    def of(reqs: list[DeviceReq], rows: list[Block]) -> Columns:
+        n = len(rows)
+        return Columns([r.slot for r in reqs], [b.start for b in rows], [1] * n,
+                       list(range(n + 1)),
+                       *([getattr(r.settings, name) for r in reqs] for _, name in SETTING_COLUMNS))
 
     def copy(self) -> Columns:
         return Columns(*(list(getattr(self, f)) for f in COLUMN_FIELDS))
 
-    def set(self, pos: int, req: DeviceReq) -> None:
-        """Position pos (its block count unchanged) := req."""
-        self.slots[pos], self.first_starts[pos] = req.slot, req.first_start
+    def set(self, row: int, req: DeviceReq, block: Block) -> None:
+        """Row `row` := req's block."""
+        self.slots[row], self.first_starts[row] = req.slot, block.start
         for column, name in SETTING_COLUMNS:
-            getattr(self, column)[pos] = getattr(req.settings, name)
+            getattr(self, column)[row] = getattr(req.settings, name)
 
-    def append(self, req: DeviceReq) -> None:
-        """A new last position: req, with one block."""
+    def append(self, req: DeviceReq, block: Block) -> None:
+        """A new last row: req's block."""
         self.slots.append(req.slot)
-        self.first_starts.append(req.first_start)
+        self.first_starts.append(block.start)
         self.counts.append(1)
         self.offsets.append(self.offsets[-1] + 1)
         for column, name in SETTING_COLUMNS:
@@ -130,14 +131,13 @@ COLUMN_FIELDS = ("slots", "first_starts", "counts", "offsets", "temperatures", "
 
 @dataclass
 class Layout:
-    """The rows of the device tensors: blocks in row order and the requests that own them;
-    steps (N,) forwards each row has had (the batch's block_steps). Invariant:
-    reqs[i].pos == i for every real request, and holes lists (ascending) the positions held by
-    a hole."""
+    """The rows of the device tensors: blocks in row order and the request of each (a hole's
+    placeholder for a hole); steps (N,) forwards each row has had (the batch's block_steps).
+    Invariant: rows[i].row == i for every real block, and holes lists (ascending) the rows
+    held by a hole."""
 
     reqs: list[DeviceReq]
     rows: list[Block]
-    owners: list[DeviceReq]  # the request of each row
     batch: DenoiseBatch
     state: State | None
     cols: Columns
@@ -257,6 +257,7 @@ class ResidentBatch:
         """Every request with blocks, in admission order, rows gathered to [0, N), no holes."""
         reqs = [r for r in self.reqs.values() if r.blocks]
         rows = [b for r in reqs for b in r.blocks]
+        owners = [r for r in reqs for _ in r.blocks]
         if len(rows) > self.storage.capacity:
             raise RuntimeError(f"{len(rows)} active blocks exceed the worker's row storage "
                                f"({self.storage.capacity})")
@@ -278,111 +279,82 @@ class ResidentBatch:
             self._leave(r)
         for r in reqs:
             self._enter(r)
-        cols = Columns.of(reqs)
-        self.storage.write_rows(np.arange(len(rows)), None, None,
-                                np.fromiter((b.start for b in rows), np.int64, len(rows)),
-                                np.repeat(np.arange(len(reqs)), cols.counts),
-                                np.repeat(np.asarray(cols.seeds, dtype=np.int64), cols.counts))
-        self.storage.write_params(np.arange(len(reqs)), self._params(reqs), len(rows),
-                                  len(reqs))
-        owners = [r for r in reqs for _ in r.blocks]
-        for i, r in enumerate(reqs):
-            r.pos = i
-        return Layout(reqs, rows, owners, self._batch(cols, steps),
-                      self.storage.views(len(rows))[1], cols, [])
+        cols = Columns.of(owners, rows)
+        n = len(rows)
+        self.storage.write_rows(np.arange(n), None, None, np.asarray(cols.first_starts),
+                                np.asarray(cols.slots), np.asarray(cols.seeds, dtype=np.int64))
+        self.storage.write_params(np.asarray([r.slot for r in reqs], dtype=np.int64),
+                                  self._params(reqs))
+        self.storage.clear_rows(n)
+        return Layout(owners, rows, self._batch(cols, steps), self.storage.views(n)[1], cols, [])
 
     def _patch(self, old: Layout) -> Layout | None:
         """The new layout without moving a row (see the module docstring), or None when it
-        cannot be had that way. Only the requests changed since `old` are looked at; nothing
-        is changed before the answer is known."""
-        counts, offsets = old.cols.counts, old.cols.offsets
-        fresh: list[tuple[int, int, Block]] = []  # (row, position, block) written now
-        leaving: list[int] = []  # positions that become holes
-        staying: list[DeviceReq] = []  # changed requests that keep their position
-        entrants: list[DeviceReq] = []
-        for r in self.touched.values():
-            if r.in_layout:
-                p, n = r.pos, counts[r.pos]
-                if not (r.alive and r.blocks):
-                    if n != 1:
-                        return None
-                    leaving.append(p)
-                elif len(r.blocks) != n:
-                    return None
-                else:
-                    first = offsets[p]
-                    for j, b in enumerate(r.blocks):
-                        if b.row < 0:
-                            fresh.append((first + j, p, b))
-                        elif b.row != first + j:
-                            return None
-                    staying.append(r)
-            elif r.alive and r.blocks:
-                if len(r.blocks) != 1:
-                    return None
-                entrants.append(r)
-        entrants.sort(key=lambda r: r.seq)
+        cannot be had that way. Only what changed since `old` is looked at; nothing is changed
+        before the answer is known."""
+        leaving = [b.row for b in self.gone if b.row >= 0]
+        entrants = [(r, b) for r in self.touched.values() if r.alive and not r.hole
+                    for b in r.blocks if b.row < 0]
+        entrants.sort(key=lambda e: (e[0].seq, e[1].start))
         holes = sorted(old.holes + leaving)
         appended = max(0, len(entrants) - len(holes))
-        total, live = offsets[-1] + appended, self.num_rows
+        total, live = len(old.rows) + appended, self.num_rows
         left = len(holes) - len(entrants) + appended
         if total > self.storage.capacity or (left and (
                 self.buckets is None or left > total // 4
                 or pick_bucket(total, self.buckets) != pick_bucket(live, self.buckets))):
             return None
-        return self._apply_patch(old, fresh, holes, leaving, staying, entrants, total)
+        return self._apply_patch(old, holes, leaving, entrants, total)
 
-    def _apply_patch(self, old: Layout, fresh: list[tuple[int, int, Block]], holes: list[int],
-                     leaving: list[int], staying: list[DeviceReq], entrants: list[DeviceReq],
-                     total: int) -> Layout:
+    def _apply_patch(self, old: Layout, holes: list[int], leaving: list[int],
+                     entrants: list[tuple[DeviceReq, Block]], total: int) -> Layout:
         cols = old.cols.copy()
-        offsets = cols.offsets
-        reqs, rows, owners = list(old.reqs), list(old.rows), list(old.owners)
+        reqs, rows = list(old.reqs), list(old.rows)
+        hole = self._hole()
         for i in leaving:
-            reqs[i] = hole = self._hole()
-            rows[offsets[i]], owners[offsets[i]] = hole.blocks[0], hole
-            cols.set(i, hole)
-        placed: list[int] = []  # positions the entrants take
-        for r in entrants:
+            reqs[i], rows[i] = hole, hole.blocks[0]
+            cols.set(i, hole, hole.blocks[0])
+        placed: list[int] = []  # the entrants' rows
+        for r, b in entrants:
             if holes:
                 i = holes.pop(0)
-                reqs[i], owners[offsets[i]] = r, r
-                cols.set(i, r)
+                reqs[i], rows[i] = r, b
+                cols.set(i, r, b)
             else:
-                i = len(reqs)
+                i = len(rows)
                 reqs.append(r)
-                rows.append(r.blocks[0])
-                owners.append(r)
-                cols.append(r)
-            r.pos = i
+                rows.append(b)
+                cols.append(r, b)
             placed.append(i)
-            fresh.append((offsets[i], i, r.blocks[0]))  # its row is set with the others below
-        for r in staying:
-            cols.first_starts[r.pos] = r.first_start
         for b in self.gone:
             b.row = -1
-        for r in entrants:
+        newcomers = list({id(r): r for r, _ in entrants if not r.in_layout}.values())
+        for r in self.touched.values():
+            if r.in_layout and not (r.alive and r.blocks):
+                self._leave(r)
+        for r in newcomers:
             self._enter(r)
-        for i in leaving:
-            self._leave(old.reqs[i])
-        at = np.fromiter((x for x, _, _ in fresh), np.int64, len(fresh))
-        where = np.fromiter((p for _, p, _ in fresh), np.int64, len(fresh))
-        blocks = [b for _, _, b in fresh]
+        blocks = [b for _, b in entrants]
         steps = np.zeros(total, dtype=np.int64)
         steps[:len(old.rows)] = old.steps
-        steps[at] = [b.init_steps for b in blocks]
-        self.storage.write_rows(at, _init_ids(blocks), [b.init_state for b in blocks],
-                                np.fromiter((b.start for b in blocks), np.int64, len(blocks)),
-                                where, np.array([reqs[i].settings.seed for i in where.tolist()],
-                                                dtype=np.int64))
-        if placed:
-            self.storage.write_params(np.asarray(placed, dtype=np.int64),
-                                      self._params([reqs[i] for i in placed]), total, len(reqs))
-        for x, _, b in fresh:
-            rows[x] = b
-            b.row, b.init_ids, b.init_state = x, None, None
-        return Layout(reqs, rows, owners, self._batch(cols, steps),
-                      self.storage.views(total)[1], cols, holes)
+        steps[placed] = [b.init_steps for b in blocks]
+        # the entrants' rows (ids, fresh state, metadata), then the new holes' (metadata only:
+        # no request key, so a hole never groups with a request that reuses its slot)
+        vacant = [i for i in leaving if reqs[i] is hole]
+        at = np.asarray(placed + vacant, dtype=np.int64)
+        owners = [r for r, _ in entrants] + [hole] * len(vacant)
+        self.storage.write_rows(
+            at, _init_ids(blocks), [b.init_state for b in blocks],
+            np.array([b.start for b in blocks] + [0] * len(vacant), dtype=np.int64),
+            np.fromiter((r.slot for r in owners), np.int64, len(owners)),
+            np.fromiter((r.settings.seed for r in owners), np.int64, len(owners)))
+        if newcomers:
+            self.storage.write_params(np.asarray([r.slot for r in newcomers], dtype=np.int64),
+                                      self._params(newcomers))
+        for i, b in zip(placed, blocks, strict=True):
+            b.row, b.init_ids, b.init_state = i, None, None
+        return Layout(reqs, rows, self._batch(cols, steps), self.storage.views(total)[1], cols,
+                      holes)
 
     def _hole(self) -> DeviceReq:
         return DeviceReq(-1, self.scratch_slot, HOLE_SETTINGS, 0, [Block(0, alive=False)],

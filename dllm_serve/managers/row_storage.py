@@ -5,12 +5,14 @@ over them (the forward and the greedy step together, model/denoise_graphs.py) re
 live batch directly. Buffers, `capacity` rows each:
   ids (capacity, K) int64                 block tokens (also the graphs' static input ids)
   state {key: (capacity, ...)}            the algorithm's per-block state
-  row_req, row_start, row_seed (capacity,) int64: each row's request index, block start and
+  row_req, row_start, row_seed (capacity,) int64: each row's request key (its request slot;
+                                          `free_key` for a row of no request), block start and
                                           its request's sampling seed
-  req_params {name: (capacity,)} float32  per-request values of the algorithm's request_params
+  req_params {name: (keys,)} float32      per-request values of the algorithm's request_params
                                           (indexed by row_req), the config default where unset
-Rows at N and past (graph padding) hold garbage that nothing reads back. One more row past
-`capacity` (the scratch row) takes the unused records of the inbox.
+Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
+free_key (`clear_rows`): the step groups rows by row_req. One more row past `capacity` (the
+scratch row) takes the unused records of the inbox.
 
 Row writes are staged: `write_rows` packs the rows into the host inbox (kernels/row_inbox.py),
 `flush` copies it to the device in one copy, and `apply_staged` applies it: the runner calls
@@ -42,8 +44,11 @@ from dllm_serve.utils.device import copy_to_device, to_device
 
 class RowStorage:
     def __init__(self, algo: DllmAlgorithm, capacity: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, free_key: int) -> None:
+        """free_key: row_req of rows that hold no request (holes, padding); request keys are
+        below it (the runner's request slots and its scratch slot)."""
         self.algo, self.capacity, self.k, self.device = algo, capacity, block_size, device
+        self.free_key = free_key
         rows = capacity + 1  # the last: the scratch row
         self.all_ids = torch.full((rows, block_size), algo.mask_id, dtype=torch.int64,
                                   device=device)
@@ -55,7 +60,8 @@ class RowStorage:
         self.row_req, self.row_start, self.row_seed = self.all_meta[:, :capacity].unbind(0)
         self.defaults = np.array([float(getattr(algo.config, n)) for n in algo.request_params],
                                  dtype=np.float32)
-        self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, capacity)
+        self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, free_key + 1)
+        self.row_req.fill_(free_key)
         self.width = record_width(block_size)
         self.inbox = torch.zeros(1 + capacity * self.width, dtype=torch.int64, device=device)
         self.staged = np.zeros(1 + capacity * self.width, dtype=np.int64)  # its host copy
@@ -66,7 +72,6 @@ class RowStorage:
         if device.type == "cuda":  # compile the apply kernel now (nothing staged: a no-op)
             self.sent = True
             self.apply_staged()
-        self._padding = (-1, -1)  # (rows, reqs) of write_params' last fill of padding rows
         self._cache: dict[int, tuple[torch.Tensor, State | None,
                                      tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
@@ -86,11 +91,12 @@ class RowStorage:
     def write_rows(self, at: np.ndarray, ids: np.ndarray | None,
                    states: list[RowState | None] | None, starts: np.ndarray, reqs: np.ndarray,
                    seeds: np.ndarray) -> None:
-        """Rows `at` (M,) := block starts, request indexes and seeds (M,) and, unless ids is
-        None, ids (M, K) (host) with fresh state (or a resumed block's own, from states); the
-        other rows stay. Staged: applied at the next denoise forward, after `flush`. The one
-        way rows' metadata is written: every row on a compaction (ids None: they were gathered
-        on the device), the changed rows on a patch."""
+        """Rows `at` (M,) := block starts, request keys and seeds (M,) and, for the first J
+        rows, ids (J, K) (host; None: J = 0) with fresh state (or a resumed block's own, from
+        states (J,)); the other rows stay. Staged: applied at the next denoise forward, after
+        `flush`. The one way rows' metadata is written: every row on a compaction (ids None:
+        they were gathered on the device), the changed rows on a patch (new blocks with their
+        ids, new holes without)."""
         m = len(at)
         if m == 0:
             return
@@ -99,16 +105,15 @@ class RowStorage:
             self.apply_staged()
         rec = self.records[:m]
         rec[:, 0], rec[:, 1], rec[:, 2], rec[:, 3] = at, reqs, starts, seeds
-        states = states or [None] * m
+        j = 0 if ids is None else len(ids)
+        states = states or [None] * j
         # state written now, not by the inbox: a resumed block's own, and every fresh state of
         # an algorithm whose state init may not be captured in a graph
-        carried = [] if ids is None else [i for i, s in enumerate(states)
-                                          if s is not None or not self.algo.graph_safe]
-        if ids is None:
-            rec[:, 4] = 0
-        else:
-            rec[:, 4] = HAS_IDS | FRESH_STATE
-            rec[:, RECORD_HEAD:] = ids
+        carried = [i for i, s in enumerate(states) if s is not None or not self.algo.graph_safe]
+        rec[:, 4] = 0
+        if ids is not None and j:
+            rec[:j, 4] = HAS_IDS | FRESH_STATE
+            rec[:j, RECORD_HEAD:] = ids
             rec[carried, 4] = HAS_IDS
         self.pending = m
         if carried and self.state is not None:
@@ -153,19 +158,22 @@ class RowStorage:
         else:
             apply_rows_reference(self.inbox, self.all_ids, self.all_meta)
 
-    def write_params(self, at: np.ndarray, params: np.ndarray, rows: int, reqs: int) -> None:
-        """Requests `at` (M,) := per-request params (P, M); rows [rows, capacity) (padding)
-        become a request of their own, index `reqs` (past every real one)."""
-        if params.size:  # one copy: the indexes' bytes, then the values'
-            m = len(at)
-            packed = to_device(np.concatenate([at.astype(np.int64).view(np.uint8),
-                                               params.astype(np.float32).reshape(-1)
-                                               .view(np.uint8)]), self.device)
-            self.params.index_copy_(1, packed[:8 * m].view(torch.int64),
-                                    packed[8 * m:].view(torch.float32).view(params.shape))
-        if self._padding != (rows, reqs):  # usually unchanged: a joiner took a hole
-            self.row_req[rows:].fill_(reqs)
-            self._padding = (rows, reqs)
+    def write_params(self, at: np.ndarray, params: np.ndarray) -> None:
+        """Request keys `at` (M,) := per-request params (P, M) (one copy: the keys' bytes, then
+        the values')."""
+        if not params.size:
+            return
+        m = len(at)
+        packed = to_device(np.concatenate([at.astype(np.int64).view(np.uint8),
+                                           params.astype(np.float32).reshape(-1)
+                                           .view(np.uint8)]), self.device)
+        self.params.index_copy_(1, packed[:8 * m].view(torch.int64),
+                                packed[8 * m:].view(torch.float32).view(params.shape))
+
+    def clear_rows(self, n: int) -> None:
+        """Rows [n, capacity) hold no request (row_req := free_key), e.g. after a layout
+        shrank to n rows."""
+        self.row_req[n:].fill_(self.free_key)
 
     def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
         """State for new rows with ids (M, K): fresh from the algorithm, carried values where

@@ -92,7 +92,7 @@ class Worker:
                              mode.wavefront.spawn_threshold)
         algo.bind_device(runner.device)
         rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
-        self.storage = RowStorage(algo, rows, self.k, runner.device)
+        self.storage = RowStorage(algo, rows, self.k, runner.device, runner.scratch_slot)
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
         runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
                        self.k + len(FLAGS), self.storage.apply_staged)
@@ -250,7 +250,7 @@ class Worker:
         notable |= launch.steps >= self.max_steps
         if self.spec.wavefront:  # readiness, and blocks reopened when an earlier one changed
             notable[:] = True
-        rows, owners = launch.layout.rows, launch.layout.owners
+        rows, owners = launch.layout.rows, launch.layout.reqs
         for i in np.flatnonzero(notable).tolist():
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
