@@ -72,21 +72,25 @@ class MetaRunner(FakeRunner):
         return DenoiseRun(run)
 
 
-def engine(running: int, fdfo: bool, depth: int) -> LocalEngine:
+def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
+           mean_forwards: float = 12.0) -> LocalEngine:
     pages = running * 16
     cfg = SchedulerConfig(block_size=K, mask_id=MASK, fdfo=fdfo, max_running_requests=running,
                           max_queued_requests=None, chunked_prefill_size=4096, num_pages=pages,
-                          page_size=K, wavefront_size=1, radix_cache=False)
-    algo = ScheduledDenoise(ScheduledConfig(), K, MASK)
+                          page_size=K, wavefront_size=wavefront, radix_cache=False)
+    algo = ScheduledDenoise(ScheduledConfig(mean=mean_forwards), K, MASK)
     runner = MetaRunner(pages, K, running)
-    worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(1)),  # type: ignore[arg-type]
+    # W > 1: every masked position counts as ready, so each frontier spawns at once (the
+    # wavefront's bookkeeping at its busiest)
+    wf = WavefrontConfig(wavefront, token_threshold=0.0 if wavefront > 1 else None)
+    worker = Worker(runner, algo, RoundMode(fdfo, wf),  # type: ignore[arg-type]
                     report_every_s=0.0, max_prefill_tokens=4096, depth=depth)
     return LocalEngine(Scheduler(cfg, FinishChecker({EOS}, None)), worker)
 
 
 def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
-           seed: int) -> LocalEngine:
-    e = engine(running, fdfo, depth)
+           seed: int, wavefront: int = 1, mean_forwards: float = 12.0) -> LocalEngine:
+    e = engine(running, fdfo, depth, wavefront, mean_forwards)
     rng = np.random.default_rng(seed)
     for i in range(running * per_slot):
         prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
@@ -126,8 +130,8 @@ def layout_ops(*args: Any) -> float:
 
 
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
-            seed: int) -> dict[str, Any]:
-    e = loaded(running, fdfo, depth, per_slot, new_tokens, seed)
+            seed: int, wavefront: int = 1, mean_forwards: float = 12.0) -> dict[str, Any]:
+    e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards)
     worker_s = sched_s = 0.0
     iterate = e.worker.iterate
 
@@ -149,6 +153,7 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
     forwards = sum(r.forwards for r in e.reports)
     done = sum(1 for outs in e.outputs.values() if outs and outs[-1].finished)
     return {"running": running, "mode": "fdfo" if fdfo else "sync", "depth": depth,
+            "wavefront": wavefront,
             "requests": running * per_slot, "finished": done, "forwards": forwards,
             "worker_host_ms_per_forward": 1e3 * worker_s / max(forwards, 1),
             "scheduler_ms_per_forward": 1e3 * sched_s / max(forwards, 1),
@@ -158,7 +163,8 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
 def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     """One setting measured (under cProfile with --profile), its torch ops counted with
     --count-ops, printed."""
-    args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed)
+    args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed,
+            ns.wavefront, ns.mean_forwards)
     if ns.profile:
         import cProfile
 
@@ -171,7 +177,7 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     if ns.count_ops:
         row["layout_ops_per_forward"] = layout_ops(*args)
         ops = f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout()"
-    print(f"{row['mode']:5s} running={running:3d} depth={ns.depth}: worker host "
+    print(f"{row['mode']:5s} running={running:3d} depth={ns.depth} W={ns.wavefront}: worker host "
           f"{row['worker_host_ms_per_forward']:.3f} ms/forward, scheduler "
           f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
           f"{row['finished']}/{row['requests']} finished{ops}", flush=True)
@@ -183,6 +189,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--running", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--modes", nargs="+", default=["fdfo", "sync"], choices=["fdfo", "sync"])
     ap.add_argument("--depth", type=int, default=1)
+    ap.add_argument("--wavefront", type=int, default=1,
+                    help="W: most active blocks per request (W > 1: every frontier spawns)")
+    ap.add_argument("--mean-forwards", type=float, default=12.0,
+                    help="mean forwards per block (lognormal, clamped to 2..32)")
     ap.add_argument("--prompts-per-slot", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
