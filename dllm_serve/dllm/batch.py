@@ -1,10 +1,11 @@
 """`DenoiseBatch`: what one denoise step sees of the active blocks, grouped by request.
 
-Layout invariant: `block_ids` (N, K) holds the N active blocks ordered by request and, within a
-request, by position. Request b owns num_blocks[b] consecutive rows: blocks at absolute
-positions first_starts[b], first_starts[b] + K, ... So `block_ids.view(-1)` is exactly the
-concatenation of every request's active tokens, in the order the forward lays them out.
-With one block per request (wavefront size 1) N == B.
+Layout invariant: `block_ids` (N, K) holds the N active blocks as B segments in row order:
+segment b owns num_blocks[b] consecutive rows, blocks at absolute positions first_starts[b],
+first_starts[b] + K, ... So `block_ids.view(-1)` is exactly the concatenation of the segments'
+tokens, in the order the forward lays them out. A segment is one request's blocks, or some of
+them: the worker gives every block a segment of its own (num_blocks all 1, N == B) and ties a
+request's rows together through row_req, its key, which the wavefront's step groups by.
 """
 
 from __future__ import annotations
