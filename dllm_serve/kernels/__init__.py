@@ -7,6 +7,8 @@
   `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
+- row_inbox: the worker's staged row writes applied in one launch inside the forward's graph;
+  oracle `apply_rows_reference`.
 - norm, rope, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial RoPE, and
   the K/V store into the paged cache (`layers.fused.set_kernel_backend(model, "triton")`, and
   the Triton attention's store); oracles `layers.norm`, `SelfAttention.norm_rope`,
