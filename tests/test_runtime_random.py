@@ -228,3 +228,38 @@ def test_holes_stay_and_are_taken(depth: int) -> None:
     assert kept > 0
     assert {rid: len(e.tokens(rid)) for rid in lengths} == lengths
     e.assert_whole()
+
+
+def test_wavefront_changes_patch_without_moving_rows() -> None:
+    """FDFO, W=2: a spawned block takes a hole or appends a row and a retired leading block
+    leaves a hole, so layout changes that alter a request's block count are patches, not
+    compactions; the layout checks hold after every step and every request decodes all its
+    tokens."""
+    e = scripted_engine(fdfo=True, mrr=6, pages=160, wavefront=2,
+                        need=lambda start: 2 + (start // K) % 3)
+    batch = e.worker.batch
+    patched_counts = 0  # patches where some request's block count changed
+    patch = batch._patch
+
+    def counting(old: Layout) -> Layout | None:
+        nonlocal patched_counts
+        before = {id(r): sum(1 for x in old.reqs if x is r) for r in old.reqs if not r.hole}
+        changed = any(r.alive and before.get(id(r), 0) not in (0, len(r.blocks))
+                      for r in batch.touched.values())
+        out = patch(old)
+        patched_counts += out is not None and changed
+        return out
+
+    batch._patch = counting  # type: ignore[method-assign]
+    lengths = {f"r{i}": K * (4 + i % 3) for i in range(10)}
+    for rid, n in lengths.items():
+        e.submit(rid, [1, 2, 3], max_new_tokens=n, ignore_eos=True)
+    widest = 0
+    for _ in range(600):
+        if not e.step():
+            break
+        check(e)
+        widest = max([widest, *(len(r.blocks) for r in batch.reqs.values())])
+    assert widest == 2 and patched_counts > 0
+    assert {rid: len(e.tokens(rid)) for rid in lengths} == lengths
+    e.assert_whole()
