@@ -118,6 +118,13 @@ class Worker:
         self.max_steps = algo.max_steps(self.k)
         self.max_prefill_tokens = max_prefill_tokens
 
+    def take_host_split(self) -> tuple[float, list[float]]:
+        """The readout wait and the host seconds per phase since the last call (the trace's
+        split of an iteration), reset to zero."""
+        out = (self.wait_s, self.phase_s)
+        self.wait_s, self.phase_s = 0.0, [0.0, 0.0, 0.0]
+        return out
+
     @property
     def idle(self) -> bool:
         """Nothing on the device and nothing in flight: wait for the scheduler."""

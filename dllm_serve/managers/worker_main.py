@@ -60,10 +60,10 @@ def loop(worker: Worker, rx: Receiver, tx: Sender) -> None:
         report = worker.iterate(items)
         if report is not None:
             tx.send(report)
+        t1 = time.monotonic()
+        wait_s, phase_s = worker.take_host_split()
         if worker.tracer is not None and not worker.idle:
-            worker.tracer.host(t0, time.monotonic(), worker.wait_s, worker.phase_s)
-        worker.wait_s = 0.0
-        worker.phase_s = [0.0, 0.0, 0.0]
+            worker.tracer.host(t0, t1, wait_s, phase_s)
 
 
 def profiled(fn, *args: Any) -> None:  # type: ignore[no-untyped-def]
