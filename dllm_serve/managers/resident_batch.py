@@ -157,6 +157,9 @@ class ResidentBatch:
         self.algo = algo
         self.storage = storage
         self.scratch_slot = scratch_slot
+        # the placeholder request of every hole's row (a pad block: scratch slot, [0, K))
+        self.hole = DeviceReq(-1, scratch_slot, HOLE_SETTINGS, 0, [Block(0, alive=False)],
+                              alive=False, hole=True)
         # what a forward of N rows costs: its bucket; None: no holes
         self.buckets = denoise_buckets(storage.capacity) if padded else None
         self.device = storage.device
@@ -310,7 +313,7 @@ class ResidentBatch:
                      entrants: list[tuple[DeviceReq, Block]], total: int) -> Layout:
         cols = old.cols.copy()
         reqs, rows = list(old.reqs), list(old.rows)
-        hole = self._hole()
+        hole = self.hole
         for i in leaving:
             reqs[i], rows[i] = hole, hole.blocks[0]
             cols.set(i, hole, hole.blocks[0])
@@ -355,10 +358,6 @@ class ResidentBatch:
             b.row, b.init_ids, b.init_state = i, None, None
         return Layout(reqs, rows, self._batch(cols, steps), self.storage.views(total)[1], cols,
                       holes)
-
-    def _hole(self) -> DeviceReq:
-        return DeviceReq(-1, self.scratch_slot, HOLE_SETTINGS, 0, [Block(0, alive=False)],
-                         alive=False, hole=True)
 
     def _batch(self, cols: Columns, steps: np.ndarray) -> DenoiseBatch:
         """The DenoiseBatch of rows [0, N) laid out as `cols` says (it shares their lists:
