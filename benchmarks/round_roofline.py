@@ -51,7 +51,7 @@ from dllm_serve.dllm.algorithms import DenoiseBatch, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.dllm.denoise_step import denoise_step
 from dllm_serve.dllm.modes import RoundMode
-from dllm_serve.layers.moe import Experts, route
+from dllm_serve.layers.moe import Experts, route, sum_logit_parts
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch
@@ -165,7 +165,7 @@ def experts_touched(runner: ModelRunner, fb: ForwardBatch) -> dict[int, int]:
             layer = int(name.split(".layers.")[1].split(".")[0])
 
             def record(m: nn.Module, args: tuple, out: torch.Tensor, layer: int = layer) -> None:
-                ids, _ = route(args[1], args[2], args[3])
+                ids, _ = route(sum_logit_parts(args[1]), args[2], args[3])
                 counts[layer] = int(ids.unique().numel())
 
             hooks.append(module.register_forward_hook(record))

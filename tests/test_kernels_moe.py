@@ -26,6 +26,8 @@ from dllm_serve.layers.moe import (
     route,
     set_moe_backend,
     split_bf16,
+    sum_logit_parts,
+    torch_moe,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -76,6 +78,70 @@ def test_route_equals_reference(name: str, bias_dtype: torch.dtype) -> None:
     bias = (rand(experts, gen=gen, scale=0.1, dtype=bias_dtype)
             if p.score_function == "sigmoid" else None)
     assert_same_routing(*fused_route(logits, bias, p), *route(logits, bias, p))
+
+
+def split_logits(tokens: int, experts: int, gen: torch.Generator) -> torch.Tensor:
+    """(T, 3, E) fp32: bf16 activations against the three bf16 parts of an fp32 router weight,
+    as the Router's split GEMM makes them (largest part first)."""
+    x = rand(tokens, 64, gen=gen).bfloat16().float()
+    parts = split_bf16(torch.randn(experts, 64, generator=gen) * 0.3).float().to(DEVICE)
+    return torch.stack([x @ part.t() for part in parts], dim=1)
+
+
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_route_sums_partial_logits_as_torch_does(name: str) -> None:
+    """fused_route of the Router's three partial logits (T, 3, E) equals fused_route of their
+    torch sum bit for bit (the kernel adds them in fp32 in part order, as torch's sum over
+    the parts does), and the oracle `route` of that sum."""
+    experts, p = ROUTINGS[name]
+    gen = torch.Generator().manual_seed(1)
+    parts = split_logits(45, experts, gen)
+    bias = rand(experts, gen=gen, scale=0.1) if p.score_function == "sigmoid" else None
+    ids, weights = fused_route(parts, bias, p)
+    summed = sum_logit_parts(parts)
+    assert torch.equal(summed, parts.sum(1))
+    sum_ids, sum_weights = fused_route(summed, bias, p)
+    assert torch.equal(ids, sum_ids) and torch.equal(weights, sum_weights)
+    assert_same_routing(ids, weights, *route(summed, bias, p))
+
+
+def test_route_takes_one_part_in_any_dtype_and_refuses_bf16_parts() -> None:
+    """One part (T, 1, E) is the logits themselves (bf16 ones are widened in the kernel, as
+    `route` widens them); several parts must be fp32 (torch would round each bf16 sum)."""
+    experts, p = ROUTINGS["groups"]
+    gen = torch.Generator().manual_seed(2)
+    logits = rand(9, experts, gen=gen, dtype=torch.bfloat16)
+    ids, weights = fused_route(logits[:, None], None, p)
+    assert torch.equal(sum_logit_parts(logits[:, None]), logits)
+    assert_same_routing(ids, weights, *route(logits, None, p))
+    with pytest.raises(ValueError, match="must be fp32"):
+        fused_route(torch.stack([logits, logits], dim=1), None, p)
+
+
+def test_backends_take_partial_logits() -> None:
+    """triton_moe routes the partial logits in its kernel, torch_moe sums them first: the
+    same experts and weights, so the same output within the experts' rounding."""
+    experts, p = ROUTINGS["groups"]
+    gen = torch.Generator().manual_seed(3)
+    x, w13, w2, _, _ = experts_case(21, experts, 48, 32, top_k=p.top_k)
+    parts = split_logits(21, experts, gen)
+    bias = rand(experts, gen=gen, scale=0.1)
+    ref = torch_moe(x, parts, bias, p, w13, w2)
+    assert torch.equal(ref, torch_moe(x, sum_logit_parts(parts), bias, p, w13, w2))
+    assert rel_err(triton_moe(x, parts, bias, p, w13, w2), ref) < tolerance(torch.float32)
+
+
+def test_router_hands_on_its_logits_as_parts() -> None:
+    """Off the split GEMM (here: the CPU, or bf16 logits) the Router's logits are one part
+    (T, 1, E); summed, they are the fp32 GEMM's logits."""
+    gen = torch.Generator().manual_seed(4)
+    router = Router(32, 16, expert_bias=False, fp32_logits=True).to(DEVICE)
+    with torch.no_grad():
+        router.weight.copy_(rand(16, 32, gen=gen))
+    x = rand(7, 32, gen=gen)
+    parts = router(x)
+    assert parts.shape == (7, 1, 16) and parts.dtype == torch.float32
+    assert torch.equal(sum_logit_parts(parts), torch.nn.functional.linear(x, router.weight))
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (13, 8, 2), (50, 4, 3)])
@@ -292,15 +358,19 @@ def test_bf16_split_of_an_fp32_weight_sums_back_to_it() -> None:
 
 @pytest.mark.gpu
 def test_router_split_gemm_equals_fp32_logits_and_routing() -> None:
-    """On CUDA the fp32 router of bf16 activations runs the split GEMM: same logits as the
-    fp32 GEMM within fp32 rounding, the same experts chosen (LLaDA2.0-mini's router shape)."""
+    """On CUDA the fp32 router of bf16 activations runs the split GEMM: three partial logits
+    whose sum is the fp32 GEMM's logits within fp32 rounding, the same experts chosen
+    (LLaDA2.0-mini's router shape); fused_route sums the parts in its kernel bit for bit as
+    torch's CUDA sum does."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     router = Router(2048, 256, expert_bias=True, fp32_logits=True).cuda()
     with torch.no_grad():
         router.weight.copy_(torch.randn(256, 2048, device="cuda", generator=gen) * 0.02)
     x = torch.randn(512, 2048, device="cuda", generator=gen).bfloat16()
-    got = router(x)
+    parts = router(x)
     assert router.split_gemm, "this torch lacks torch.mm(..., out_dtype=torch.float32)"
+    assert parts.shape == (512, 3, 256)
+    got = sum_logit_parts(parts)
     want = torch.nn.functional.linear(x.float(), router.weight.float())
     assert got.dtype == torch.float32
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -308,3 +378,6 @@ def test_router_split_gemm_equals_fp32_logits_and_routing() -> None:
     ids, _ = route(got, router.expert_bias, p)
     ref_ids, _ = route(want, router.expert_bias, p)
     assert (ids.sort(1).values == ref_ids.sort(1).values).float().mean() > 0.999
+    fused_ids, fused_weights = fused_route(parts, router.expert_bias, p)
+    sum_ids, sum_weights = fused_route(got, router.expert_bias, p)
+    assert torch.equal(fused_ids, sum_ids) and torch.equal(fused_weights, sum_weights)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_serve.layers.moe import Router, route
+from dllm_serve.layers.moe import Router, route, sum_logit_parts
 
 
 class ExpertBalancer:
@@ -34,10 +34,11 @@ class ExpertBalancer:
         self.routers.append(router)
         self.loads.append(load)
 
-        def hook(_: nn.Module, args: tuple[torch.Tensor], logits: torch.Tensor) -> None:
+        def hook(_: nn.Module, args: tuple[torch.Tensor], parts: torch.Tensor) -> None:
             if self.counting:
                 with torch.no_grad():
-                    ids, _ = route(logits, router.expert_bias, routing)  # type: ignore[arg-type]
+                    ids, _ = route(sum_logit_parts(parts), router.expert_bias,
+                                   routing)  # type: ignore[arg-type]
                     load.index_add_(0, ids.flatten(), torch.ones_like(ids.flatten(),
                                                                       dtype=torch.float32))
 

@@ -1,6 +1,7 @@
 """Fused routed experts (`--moe-backend triton`): device routing, then two grouped GEMMs.
 
-1. `fused_route` picks experts and weights (kernels/moe_route.py);
+1. `fused_route` sums the router's partial logits and picks experts and weights
+   (kernels/moe_route.py);
 2. `sort_by_expert` sorts the T*K assignments by expert into padded blocks (moe_sort.py: one
    launch up to 1024 assignments of 256 experts, five past that; its oracle
    `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
@@ -34,7 +35,7 @@ from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
-from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route
+from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route, sum_logit_parts
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,13 @@ def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
 def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
                p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
                addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-    """The MOE_BACKENDS "triton" entry: fused routing (where its shapes allow) + fused experts,
-    the addends added in the experts' final pass."""
-    routing = fused_route if route_supports(router_logits.shape[1], p) else route
-    topk_ids, topk_weights = routing(router_logits, expert_bias, p)
+    """The MOE_BACKENDS "triton" entry: fused routing of the logits (T, E) or their partial
+    sums (T, P, E) (where its shapes allow) + fused experts, the addends added in the
+    experts' final pass."""
+    if route_supports(router_logits.shape[-1], p):
+        topk_ids, topk_weights = fused_route(router_logits, expert_bias, p)
+    else:
+        topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
     return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends)
 
 

@@ -2,6 +2,9 @@
 and the sparse MoE block of a decoder layer.
 
 `route` and `moe_reference` are the plain-PyTorch oracles that fused kernels are tested against.
+The router hands its logits on as P partial sums (T, P, E) (`sum_logit_parts` adds them), and
+the MoE backends take them so (or (T, E) logits, one part): a backend adds them where it likes
+(the Triton router, inside its kernel).
 Two routings are in use: LLaDA2's (sigmoid scores, an expert bias for selection only,
 group-limited top-k, renormalised, scaled, plus a shared expert) and Qwen3-MoE's, which SDAR-MoE
 keeps (softmax over all experts, top-k, renormalised when `norm_topk_prob`, no shared expert).
@@ -60,6 +63,14 @@ def route(logits: torch.Tensor, expert_bias: torch.Tensor | None, p: RoutingPara
     if p.renormalize and p.top_k > 1:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     return topk_ids, weights * p.scaling
+
+
+def sum_logit_parts(logits: torch.Tensor) -> torch.Tensor:
+    """Router logits as P partial sums (T, P, E), or (T, E) (one part) -> (T, E): the parts
+    added in order (torch's sum over P; the one part itself, a view, when P = 1)."""
+    if logits.dim() == 2:
+        return logits
+    return logits[:, 0] if logits.shape[1] == 1 else logits.sum(1)
 
 
 def limit_to_groups(choice: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
@@ -122,10 +133,13 @@ def moe_dense(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 class Router(nn.Module):
     """`weight` (E, hidden); `expert_bias` (E,) biases selection only (sigmoid routing).
 
+    The logits come out as P partial sums (T, P, E), whose sum over P in order
+    (`sum_logit_parts`) is the logits: P = 3 for the split GEMM below, else 1.
     fp32 logits of bf16 activations on CUDA run on the tensor cores: the fp32 weight is split
     once into three bf16 parts whose sum is the weight to fp32 precision (`split_bf16`), one
     bf16 GEMM with fp32 output takes x against all three, and the three partial logits are
-    summed. Products of bf16 values are exact in fp32, so the logits are the fp32 product up
+    left for the consumer to sum (the Triton router: inside its kernel, no launch of its
+    own). Products of bf16 values are exact in fp32, so the logits are the fp32 product up
     to summation order, at a fraction of the cost of an fp32 GEMM (about 1 ms a round at 64
     blocks of LLaDA2.0-mini on an H200). Elsewhere: the plain fp32 GEMM."""
 
@@ -140,16 +154,16 @@ class Router(nn.Module):
         self.split_gemm = True  # cleared if this torch lacks the bf16 GEMM with fp32 output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, hidden) -> router logits (T, E), fp32 when `fp32_logits`."""
+        """x (T, hidden) -> partial router logits (T, P, E), fp32 when `fp32_logits`."""
         if not self.fp32_logits:
-            return F.linear(x, self.weight.to(x.dtype))
+            return F.linear(x, self.weight.to(x.dtype))[:, None]
         if self.split_gemm and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2:
             try:
                 parts = torch.mm(x, self._parts().t(), out_dtype=torch.float32)  # (T, 3E)
-                return parts.view(x.shape[0], 3, -1).sum(1)
+                return parts.view(x.shape[0], 3, -1)
             except (RuntimeError, TypeError):
                 self.split_gemm = False
-        return F.linear(x.float(), self.weight.float())
+        return F.linear(x.float(), self.weight.float())[:, None]
 
     def _parts(self) -> torch.Tensor:
         """(3E, hidden) bf16: the weight's split, made again whenever the weight changed."""
@@ -170,8 +184,9 @@ def split_bf16(w: torch.Tensor) -> torch.Tensor:
     return torch.stack([hi, mid, lo])
 
 
-# (x (T, hidden), router_logits (T, E), expert_bias (E,) | None, routing, w13, w2, addends)
-# -> (T, hidden): the routed experts' weighted sum, then each addend (T, hidden) added in order
+# (x (T, hidden), router_logits (T, P, E) partial sums (`sum_logit_parts`) or (T, E),
+# expert_bias (E,) | None, routing, w13, w2, addends) -> (T, hidden): the routed experts'
+# weighted sum, then each addend (T, hidden) added in order
 MoeImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RoutingParams,
                     torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
 MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
@@ -189,8 +204,8 @@ def add_in_order(y: torch.Tensor, addends: tuple[torch.Tensor, ...]) -> torch.Te
 def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
               addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-    """The reference: `route`, then `moe_reference`, then the addends."""
-    topk_ids, topk_weights = route(router_logits, expert_bias, p)
+    """The reference: `route` of the summed logits, then `moe_reference`, then the addends."""
+    topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
     return add_in_order(moe_reference(x, w13, w2, topk_ids, topk_weights), addends)
 
 
@@ -198,9 +213,9 @@ def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.T
 def dense_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
               addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-    """`route`, then `moe_dense` (training: no host sync, autograd-friendly), then the
-    addends."""
-    topk_ids, topk_weights = route(router_logits, expert_bias, p)
+    """`route` of the summed logits, then `moe_dense` (training: no host sync,
+    autograd-friendly), then the addends."""
+    topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
     return add_in_order(moe_dense(x, w13, w2, topk_ids, topk_weights), addends)
 
 
@@ -217,8 +232,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 expert_bias: torch.Tensor | None, routing: RoutingParams,
                 addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-        """x (T, hidden), router_logits (T, E) -> routed experts' weighted sum (T, hidden),
-        plus the addends (T, hidden) in order."""
+        """x (T, hidden), router_logits (T, P, E) partial sums or (T, E) -> routed experts'
+        weighted sum (T, hidden), plus the addends (T, hidden) in order."""
         impl = MOE_BACKENDS.get(self.backend)
         return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends)
 
