@@ -1,16 +1,21 @@
 """The fused elementwise kernels equal their plain-PyTorch oracles: RMSNorm (with and without
 the residual add), q/k RMSNorm + partial RoPE (in place, on the fused QKV buffer and on
-separate tensors), and the K/V store into a paged cache. Small shapes run in the interpreter
-on the CPU; `gpu` tests run LLaDA2.0-mini's shapes in bf16."""
+separate tensors), the SwiGLU activation, and the K/V store into a paged cache. Small shapes
+run in the interpreter on the CPU; `gpu` tests run LLaDA2.0-mini's shapes in bf16."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from dllm_serve.kernels.kv_store import store_kv
 from dllm_serve.kernels.norm import fused_rms_norm
 from dllm_serve.kernels.rope import fused_qk_norm_rope
+from dllm_serve.kernels.silu_mul import MAX_BLOCK, fused_silu_mul
+from dllm_serve.layers.fused import set_kernel_backend
+from dllm_serve.layers.mlp import SwiGLUMLP, silu_and_mul
 from dllm_serve.layers.norm import RMSNorm, rms_norm
 from dllm_serve.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -97,6 +102,70 @@ def test_qk_norm_rope_bf16_full_rotary() -> None:
     check_qk_rope(9, 2, 1, 32, 32, torch.bfloat16, True, True, seed=3)
 
 
+def silu_mul_as_interpreted(gate_up: torch.Tensor) -> torch.Tensor:
+    """bf16 gate_up (N, 2I) -> what the kernel computes in Triton's CPU interpreter: numpy's
+    fp32 exp and division, then each cast to bf16 toward zero (the GPU, like PyTorch, rounds
+    to nearest even): silu rounded, then the product rounded."""
+    def toward_zero(x: torch.Tensor) -> torch.Tensor:
+        return (x.view(torch.int32) & -65536).view(torch.float32).bfloat16()
+
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    e = torch.from_numpy(np.exp((-gate).numpy()))
+    return toward_zero(toward_zero(gate / (1 + e)).float() * up)
+
+
+def check_silu_mul(gate_up: torch.Tensor) -> None:
+    """On CUDA: the oracle's bits (bf16 and fp32). In the interpreter: fp32 within numpy's
+    exp against PyTorch's (an ulp or two); bf16 exactly the interpreter's roundings, which
+    puts it within a few bf16 steps of the oracle."""
+    out, ref = fused_silu_mul(gate_up), silu_and_mul(gate_up)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    if DEVICE.type == "cuda":
+        assert torch.equal(out, ref)
+    elif gate_up.dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
+    else:
+        assert torch.equal(out, silu_mul_as_interpreted(gate_up.view(-1, gate_up.shape[-1]))
+                           .view(out.shape))
+        torch.testing.assert_close(out, ref, rtol=2 ** -5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,inter", [(1, 16), (37, 80), (5, MAX_BLOCK + 76)])
+def test_silu_mul(rows: int, inter: int, dtype: torch.dtype) -> None:
+    """A masked row tail, and columns past one program's MAX_BLOCK."""
+    gen = torch.Generator().manual_seed(rows)
+    check_silu_mul(rand(rows, 2 * inter, gen=gen, dtype=dtype, scale=3.0))
+
+
+def test_silu_mul_strided_rows_and_leading_dims() -> None:
+    """Rows with a stride past 2I (a view into a wider buffer), and (B, T, 2I) input."""
+    gen = torch.Generator().manual_seed(7)
+    wide = rand(9, 2 * 24 + 8, gen=gen, dtype=torch.bfloat16, scale=3.0)
+    check_silu_mul(wide[:, :48])
+    check_silu_mul(rand(2, 3, 40, gen=gen, dtype=torch.bfloat16, scale=3.0))
+
+
+def test_set_kernel_backend_switches_the_swiglu_activation() -> None:
+    """set_kernel_backend switches SwiGLUMLP (with the norms) to the kernel and back; the
+    MLP's output follows its activation's; unknown names raise listing the known ones."""
+    gen = torch.Generator().manual_seed(8)
+    model = nn.Sequential(RMSNorm(32, 1e-6), SwiGLUMLP(32, 48)).to(DEVICE)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(rand(*param.shape, gen=gen, dtype=torch.float32, scale=0.3))
+    x = rand(6, 32, gen=gen, dtype=torch.float32)
+    mlp = model[1]
+    ref = mlp(x)
+    set_kernel_backend(model, "triton")
+    assert mlp.kernel_backend == "triton" and model[0].kernel_backend == "triton"
+    close(mlp(x), ref, torch.float32)
+    set_kernel_backend(model, "torch")
+    assert torch.equal(mlp(x), ref)
+    with pytest.raises(KeyError, match="known: triton"):
+        set_kernel_backend(model, "cuda")
+
+
 def check_store(tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                 seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
@@ -124,3 +193,6 @@ def test_llada2_mini_shapes(tokens: int) -> None:
     check_norm(tokens, 2048, torch.bfloat16, seed=tokens)
     check_qk_rope(tokens, 16, 4, 128, 64, torch.bfloat16, True, True, seed=tokens)
     check_store(tokens, 4, 128, torch.bfloat16, seed=tokens)
+    gen = torch.Generator().manual_seed(tokens)
+    for inter in (512, 5120):  # the shared expert's and the dense layer's
+        check_silu_mul(rand(tokens, 2 * inter, gen=gen, dtype=torch.bfloat16, scale=3.0))

@@ -2,16 +2,18 @@
 
 - block_attention / triton_attention: block-diffusion paged attention (`--attention-backend
   triton`); oracle `layers.attention.TorchAttention`.
-- moe_route, moe_sort, fused_moe: device routing, expert-sorted blocks and grouped GEMMs
-  (`--moe-backend triton`); oracles `layers.moe.route`, `moe_align.align_by_expert` and
-  `moe_reference`.
+- moe_route, moe_sort, fused_moe: device routing (summing the router's partial logits in
+  the kernel), expert-sorted blocks (one launch up to 1024 assignments of 256 experts, five
+  past that) and grouped GEMMs (`--moe-backend triton`); oracles `layers.moe.route`,
+  `moe_align.align_by_expert` and `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
 - row_inbox: the worker's staged row writes applied in one launch inside the forward's graph;
   oracle `apply_rows_reference`.
-- norm, rope, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial RoPE, and
-  the K/V store into the paged cache (`layers.fused.set_kernel_backend(model, "triton")`, and
-  the Triton attention's store); oracles `layers.norm`, `SelfAttention.norm_rope`,
+- norm, rope, silu_mul, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial
+  RoPE, the SwiGLU activation silu(gate) * up, and the K/V store into the paged cache
+  (`layers.fused.set_kernel_backend(model, "triton")`, and the Triton attention's store);
+  oracles `layers.norm`, `SelfAttention.norm_rope`, `layers.mlp.silu_and_mul`,
   `AttentionBackend.store`.
 
 Importing this package registers the "triton" backends. Kernels run compiled on CUDA, or in
@@ -24,5 +26,6 @@ from dllm_serve.kernels import (
     fused_moe,  # noqa: F401 (registers "triton" MoE)
     norm,  # noqa: F401 (registers the "triton" norm kernels)
     rope,  # noqa: F401 (registers the "triton" q/k norm + RoPE kernel)
+    silu_mul,  # noqa: F401 (registers the "triton" SwiGLU activation kernel)
     triton_attention,  # noqa: F401 (registers "triton" attention)
 )

@@ -12,14 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
+from dllm_serve.kernels.runtime import as_rows, check_device, interpreted, next_pow2
 from dllm_serve.layers.norm import NORM_KERNELS
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x (..., dim) -> (R, dim) with unit stride in dim (a view when possible)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 @NORM_KERNELS.register("triton")
@@ -29,10 +23,10 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """x (..., dim) -> RMSNorm(x); with residual: (RMSNorm(residual + x), residual + x)."""
     check_device(x, "fused_rms_norm")
     shape, dim = x.shape, x.shape[-1]
-    xs = _rows(x)
+    xs = as_rows(x)
     n = xs.shape[0]
     out = torch.empty(n, dim, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-    res = _rows(residual) if residual is not None else xs
+    res = as_rows(residual) if residual is not None else xs
     h = torch.empty_like(xs) if residual is not None else xs
     if n:
         rows = 1 if not interpreted() else min(next_pow2(n), 32)

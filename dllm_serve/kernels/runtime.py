@@ -27,6 +27,12 @@ def check_device(t: torch.Tensor, what: str) -> None:
                            f"test them on the CPU); got a tensor on {t.device}")
 
 
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., dim) -> (R, dim) with unit stride in dim (a view when possible)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

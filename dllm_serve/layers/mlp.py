@@ -1,23 +1,46 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), with gate and up fused in one weight."""
+"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), with gate and up fused in one weight.
+
+`SwiGLUMLP` computes the activation silu(gate) * up in plain PyTorch (`silu_and_mul`, the
+oracle) unless its `kernel_backend` names a kernel registered in `SILU_MUL_KERNELS` ("triton":
+dllm_serve.kernels.silu_mul, one launch instead of two); see layers/fused.py.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dllm_serve.utils.registry import Registry
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+# gate_up (..., 2I) = [gate | up] -> (..., I) in gate_up's dtype: the values of `silu_and_mul`.
+SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
+SILU_MUL_KERNELS: Registry[SiluMulKernel] = Registry("SwiGLU activation kernel backend")
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (..., 2I) = [gate | up] -> silu(gate) * up (..., I), the reference: silu
+    computed in fp32 and rounded to the dtype, then the product computed in fp32 and rounded
+    (what two PyTorch elementwise ops do in bf16)."""
+    gate, up = gate_up.chunk(2, dim=-1)  # (..., I) each
+    return F.silu(gate) * up
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+           act: SiluMulKernel = silu_and_mul) -> torch.Tensor:
     """x (N, hidden), gate_up (2I, hidden) = [gate rows | up rows], down (hidden, I).
 
-    Returns (N, hidden).
+    Returns (N, hidden); `act` computes silu(gate) * up (`silu_and_mul` or a fused kernel).
     """
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)  # (N, I) each
-    return F.linear(F.silu(gate) * up, down)
+    return F.linear(act(F.linear(x, gate_up)), down)
 
 
 class SwiGLUMLP(nn.Module):
     """Bias-free SwiGLU MLP; `gate_up_proj.weight` (2I, hidden) = HF gate_proj over up_proj."""
+
+    kernel_backend = "torch"  # "torch" (plain PyTorch) or a SILU_MUL_KERNELS name
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -26,5 +49,7 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that."""
-        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight)
+        act = (silu_and_mul if self.kernel_backend == "torch"
+               else SILU_MUL_KERNELS.get(self.kernel_backend))
+        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, act)
         return y if residual is None else residual + y
