@@ -12,6 +12,7 @@ from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
     HAS_IDS,
+    MOVED,
     RECORD_HEAD,
     apply_rows,
     apply_rows_reference,
@@ -38,21 +39,28 @@ def inbox_of(records: list[tuple[int, int, int, int, int, list[int]]], capacity:
 
 @pytest.mark.parametrize("count", [0, 1, 5, 21])
 def test_apply_rows_equals_reference(count: int) -> None:
-    """Rows in the count get their metadata, and their ids where HAS_IDS is set; records past
-    the count and every other row stay; the count is zeroed. 21 records: two inner steps."""
+    """Rows in the count get their metadata, their ids where HAS_IDS is set and their source
+    row's ids where MOVED is (sources: rows no record writes); records past the count and
+    every other row stay; the count is zeroed. 21 records: two inner steps."""
     gen = torch.Generator().manual_seed(count)
     capacity, k = 24, 6
-    rows = torch.randperm(capacity, generator=gen)[:count].tolist()
-    records = [(r, i, 100 + i, 7 * i, HAS_IDS if i % 3 else 0, [r * 10 + j for j in range(k)])
+    order = torch.randperm(capacity, generator=gen).tolist()
+    rows, sources = order[:count], order[count:]
+    flags = (0, HAS_IDS, MOVED)
+    records = [(r, i, 100 + i, 7 * i, flags[i % 3],
+                [sources[i % len(sources)]] * (i % 3 == 2) + [r * 10 + j for j in range(k)])
                for i, r in enumerate(rows)]
+    records = [(*rec[:5], rec[5][:k]) for rec in records]
     inbox = inbox_of(records, capacity, k, gen)
     ids = torch.randint(0, 50, (capacity + 1, k), generator=gen).to(DEVICE)
     meta = torch.randint(0, 50, (3, capacity + 1), generator=gen).to(DEVICE)
     want_ids, want_meta = ids.clone(), meta.clone()
-    for row, req, start, seed, flags, row_ids in records:
+    for row, req, start, seed, flag, row_ids in records:
         want_meta[:, row] = torch.tensor([req, start, seed])
-        if flags & HAS_IDS:
+        if flag & HAS_IDS:
             want_ids[row] = torch.tensor(row_ids)
+        if flag & MOVED:
+            want_ids[row] = ids[row_ids[0]]
     ref_inbox, ref_ids, ref_meta = inbox.clone(), ids.clone(), meta.clone()
     apply_rows_reference(ref_inbox, ref_ids, ref_meta)
     apply_rows(inbox, ids, meta)
@@ -100,7 +108,7 @@ def test_staged_rows_land_at_the_next_forward_with_fresh_state(algorithm: str) -
 
 
 def test_metadata_only_rows_keep_ids_and_a_resumed_block_keeps_its_state() -> None:
-    """ids None (a compaction's rows): only metadata is written. A block that brings its own
+    """ids None (a new hole's row): only metadata is written. A block that brings its own
     state (a preempted block resumed) keeps it; the fresh state goes to the others."""
     s = storage("JointThreshold")
     assert s.state is not None
@@ -122,3 +130,30 @@ def test_metadata_only_rows_keep_ids_and_a_resumed_block_keeps_its_state() -> No
     for key, v in s.state.items():
         assert torch.equal(v[4:5], fresh[key]), key
     assert FRESH_STATE & HAS_IDS == 0
+
+
+def test_moved_rows_take_their_sources_ids_and_state() -> None:
+    """A move (sources given): at the next forward the target rows hold their sources' ids and
+    algorithm state as they were, with the metadata staged for them; the sources' metadata
+    can be freed by the same write (a hole's record) and nothing else changes."""
+    s = storage("JointThreshold")
+    assert s.state is not None
+    gen = torch.Generator().manual_seed(0)
+    s.ids.copy_(torch.randint(0, 15, s.ids.shape, generator=gen).to(DEVICE))
+    for v in s.state.values():
+        v.copy_(torch.randint(0, 2, v.shape, generator=gen).to(DEVICE).to(v.dtype))
+    ids_before = s.ids.clone()
+    state_before = {key: v.clone() for key, v in s.state.items()}
+    at, sources = np.array([1, 2, 6, 7]), np.array([6, 7])
+    s.write_rows(at, None, None, np.array([8, 12, 0, 0]), np.array([3, 4, 8, 8]),
+                 np.array([5, 6, 0, 0]), sources=sources)
+    assert torch.equal(s.ids, ids_before)
+    s.flush()
+    s.apply_staged()
+    assert torch.equal(s.ids[[1, 2]], ids_before[[6, 7]])
+    assert torch.equal(s.ids[[0, 3, 4, 5, 6, 7]], ids_before[[0, 3, 4, 5, 6, 7]])
+    for key, v in s.state.items():
+        assert torch.equal(v[[1, 2]], state_before[key][[6, 7]]), key
+        assert torch.equal(v[[0, 3, 4, 5, 6, 7]], state_before[key][[0, 3, 4, 5, 6, 7]]), key
+    assert s.row_req.tolist()[:8] == [8, 3, 4, 8, 8, 8, 8, 8]
+    assert s.row_start[[1, 2]].tolist() == [8, 12] and s.row_seed[[1, 2]].tolist() == [5, 6]

@@ -107,7 +107,7 @@ def test_busy_server_answers_info_and_metrics_at_once(tiny_model_dir: Path) -> N
 @pytest.mark.parametrize("fdfo", [True, False])
 def test_per_request_thresholds_reach_their_rows(tiny_model_dir: Path, fdfo: bool) -> None:
     """Requests with different dllm_threshold share the device batch; each row steps with its
-    own request's value (RowStorage.write_params on every join and compaction): threshold 0
+    own request's value (RowStorage.write_params when it joins the layout): threshold 0
     unmasks a whole block in one step, threshold 1 one position a step (the top-1 fallback)."""
     e = local_engine(tiny_model_dir, "LowConfidence", fdfo=fdfo, mrr=4)
     for i, threshold in enumerate([1.0, 0.0, 1.0, 0.0, 1.0, 0.0]):  # 6 > 4: joins and leaves

@@ -57,6 +57,21 @@ def check(e: LocalEngine) -> None:
     assert set(e.worker.batch.reqs) <= live | released(e)
     if e.worker.batch.num_rows:
         check_layout(e.worker.batch.layout())
+    check_rows(e)
+
+
+def check_rows(e: LocalEngine) -> None:
+    """Once the launched layout's staged writes are applied, each row's metadata on the
+    device is its block's (request key, start; a hole's: the free key, 0) and the rows past
+    the layout hold no request."""
+    w = e.worker
+    layout, storage = w.batch.current, w.storage
+    if layout is None or w.prepared is not layout or storage.pending or storage.sent:
+        return
+    n = len(layout.rows)
+    assert storage.row_req[:n].tolist() == [r.slot for r in layout.reqs]
+    assert storage.row_start[:n].tolist() == [b.start for b in layout.rows]
+    assert (storage.row_req[n:] == storage.free_key).all()
 
 
 def check_layout(layout: Layout) -> None:
@@ -232,25 +247,36 @@ def test_holes_stay_and_are_taken(depth: int) -> None:
 
 def test_wavefront_changes_patch_without_moving_rows() -> None:
     """FDFO, W=2: a spawned block takes a hole or appends a row and a retired leading block
-    leaves a hole, so layout changes that alter a request's block count are patches, not
-    compactions; the layout checks hold after every step and every request decodes all its
-    tokens."""
+    leaves a hole, so a block that stays keeps its row through layout changes that alter a
+    request's block count, unless holes cost and it is moved into one (a staged move); the
+    layout checks hold after every step and every request decodes all its tokens."""
     e = scripted_engine(fdfo=True, mrr=6, pages=160, wavefront=2,
                         need=lambda start: 2 + (start // K) % 3)
-    batch = e.worker.batch
-    patched_counts = 0  # patches where some request's block count changed
-    patch = batch._patch
+    batch, storage = e.worker.batch, e.worker.storage
+    counts = {"in_place": 0, "moved": 0}  # count changes with no row moved / with moves
+    rebuild, write = batch._rebuild, storage.write_rows
+    moved: list[int] = []
 
-    def counting(old: Layout) -> Layout | None:
-        nonlocal patched_counts
-        before = {id(r): sum(1 for x in old.reqs if x is r) for r in old.reqs if not r.hole}
-        changed = any(r.alive and before.get(id(r), 0) not in (0, len(r.blocks))
-                      for r in batch.touched.values())
-        out = patch(old)
-        patched_counts += out is not None and changed
+    def write_rows(*args, sources=None, **kwargs):  # type: ignore[no-untyped-def]
+        moved.extend([] if sources is None else sources.tolist())
+        return write(*args, sources=sources, **kwargs)
+
+    def counting() -> Layout:
+        old = batch.current
+        before = {} if old is None else {id(b): i for i, b in enumerate(old.rows)}
+        changed = old is not None and any(
+            r.alive and sum(1 for x in old.reqs if x is r) not in (0, len(r.blocks))
+            for r in batch.touched.values())
+        moved.clear()
+        out = rebuild()
+        for i, b in enumerate(out.rows):  # a block that stayed: its row, or a move's target
+            assert id(b) not in before or before[id(b)] == i or before[id(b)] in moved
+        if changed:
+            counts["moved" if moved else "in_place"] += 1
         return out
 
-    batch._patch = counting  # type: ignore[method-assign]
+    batch._rebuild = counting  # type: ignore[method-assign]
+    storage.write_rows = write_rows  # type: ignore[method-assign]
     lengths = {f"r{i}": K * (4 + i % 3) for i in range(10)}
     for rid, n in lengths.items():
         e.submit(rid, [1, 2, 3], max_new_tokens=n, ignore_eos=True)
@@ -260,6 +286,9 @@ def test_wavefront_changes_patch_without_moving_rows() -> None:
             break
         check(e)
         widest = max([widest, *(len(r.blocks) for r in batch.reqs.values())])
-    assert widest == 2 and patched_counts > 0
+    assert widest == 2 and counts["in_place"] > counts["moved"] > 0, counts
+    for rid in lengths:  # each block took exactly its scripted forwards: moved rows carried
+        out = e.outputs[rid][-1]  # their ids and step counts
+        assert out.block_forwards == [2 + (s // K) % 3 for s in range(0, 3 + lengths[rid], K)]
     assert {rid: len(e.tokens(rid)) for rid in lengths} == lengths
     e.assert_whole()

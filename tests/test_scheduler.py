@@ -217,33 +217,34 @@ def test_max_new_tokens_zero_prefills_only() -> None:
     engine.assert_whole()
 
 
-def test_turnovers_joins_and_leaves_patch_rows_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_turnovers_joins_and_leaves_patch_rows_in_place() -> None:
     """FDFO W=1: a request's finished block is replaced by its next block in the same row, a
-    finished request leaves a hole and a new one takes it: no row moves (no gather); the
-    layout is compacted only when holes would cost (here: as the queue drains)."""
-    from dllm_serve.managers import resident_batch
+    finished request leaves a hole and a new one takes it: no row moves; rows move (the last
+    ones into the holes) only when holes would cost (here: as the queue drains)."""
+    calls = {"layouts": 0, "moves": 0, "reused": 0}
+    e = scripted_engine(mrr=4, need=lambda s: 3 + (s // K) % 2)
+    batch, storage = e.worker.batch, e.worker.storage
+    rebuild, write = batch._rebuild, storage.write_rows
 
-    calls = {"patch": 0, "compact": 0, "holes": 0}
-    patch, compact = resident_batch.ResidentBatch._patch, resident_batch.ResidentBatch._compact
-
-    def counting_patch(self, old):  # type: ignore[no-untyped-def]
-        out = patch(self, old)
-        calls["patch"] += out is not None
-        calls["holes"] += out is not None and any(r.hole for r in out.reqs)
+    def counting_rebuild():  # type: ignore[no-untyped-def]
+        before = [r.uid for r in batch.current.reqs] if batch.current is not None else []
+        out = rebuild()
+        calls["layouts"] += 1  # a row another request left, taken by a newcomer:
+        calls["reused"] += any(r.uid not in before and i < len(before) and before[i] >= 0
+                               for i, r in enumerate(out.reqs))
         return out
 
-    def counting_compact(self, old):  # type: ignore[no-untyped-def]
-        calls["compact"] += 1
-        return compact(self, old)
+    def counting_write(*args, sources=None, **kwargs):  # type: ignore[no-untyped-def]
+        calls["moves"] += sources is not None and len(sources) > 0
+        return write(*args, sources=sources, **kwargs)
 
-    monkeypatch.setattr(resident_batch.ResidentBatch, "_patch", counting_patch)
-    monkeypatch.setattr(resident_batch.ResidentBatch, "_compact", counting_compact)
-    e = scripted_engine(mrr=4, need=lambda s: 3 + (s // K) % 2)
+    batch._rebuild = counting_rebuild  # type: ignore[method-assign]
+    storage.write_rows = counting_write  # type: ignore[method-assign]
     for i in range(12):
         e.submit(f"r{i}", prompt(2 + i % 5), max_new_tokens=(2 + i % 3) * K, ignore_eos=True)
     outs = e.run()
     assert all(o[-1].completion_tokens == (2 + int(r[1:]) % 3) * K for r, o in outs.items())
-    assert calls["patch"] >= 12 and calls["compact"] <= 4 and calls["holes"] >= 2, calls
+    assert calls["layouts"] >= 12 and calls["moves"] <= 4 and calls["reused"] >= 2, calls
     for o in outs.values():  # W=1, one forward ahead: a request steps in exactly its blocks'
         assert o[-1].denoise_steps == sum(o[-1].block_forwards), o[-1]  # forwards, holes or not
     e.assert_whole()
@@ -298,7 +299,8 @@ def test_prefills_that_arrive_together_merge_but_never_past_a_release() -> None:
 
 def test_a_request_counts_the_forwards_it_was_in_the_layout_for() -> None:
     """ResidentBatch.forwards: forwards run while the request had rows, across patches, a hole
-    (it left with no block open: forwards without it do not count) and a compaction."""
+    (it left with no block open: forwards without it do not count) and a request's second
+    block."""
     from dllm_serve.managers.messages import ReqSettings
     from dllm_serve.managers.resident_batch import Block, DeviceReq
 
@@ -323,6 +325,6 @@ def test_a_request_counts_the_forwards_it_was_in_the_layout_for() -> None:
     batch.open_block(a)
     assert run(5) == [False] * 4  # a took its hole back
     assert [batch.forwards(r) for r in (a, b, c, d)] == [3 + 2 + 5] + [2 + 4 + 5] * 3
-    batch.open_block(b)  # two blocks: the layout is compacted, the counts carry over
+    batch.open_block(b)  # two blocks: b's second takes a row, the counts carry over
     run(1)
     assert [batch.forwards(r) for r in (a, b, c, d)] == [11] + [12] * 3

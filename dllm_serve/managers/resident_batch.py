@@ -8,21 +8,20 @@ the forward stores every block's K/V before any attention, so a block sees its r
 blocks wherever they are), or a *hole* (a pad block: the runner's scratch slot, positions [0, K),
 its readout ignored). `Layout.reqs` lists each row's request; the step groups a request's rows by
 its key (row_req: its slot). A block that stays is never re-sent, re-uploaded or copied to the
-host. When the set of blocks changes, `layout()` first tries a *patch*, which moves no row: a
-block that left (retired, dropped) leaves a hole, a new block (a request's next block, a
-wavefront's spawned block, a joining request's) takes a hole or appends a row; only the changed
-rows are written (RowStorage's staged writes: one host-to-device copy). When that cannot be done
-(holes would cost a larger bucket or a quarter of the rows, or any compute at all on an unpadded
-runner; more rows than the storage holds) `compact` gathers the surviving rows, appends the new
-blocks' ids and fresh state and writes them back to rows [0, N) without holes, in admission
-order.
-A patch looks only at what changed since the last layout (`touched`: requests added, dropped,
-with a block retired or opened; `gone`: the blocks that left) and copies the layout's per-row
-`Columns` (slots, starts, sampling settings), rewriting only the changed rows: its Python work
-grows with the changes, not with the batch.
+host. When the set of blocks changes, `layout()` *patches* the layout: a block that left
+(retired, dropped) leaves a hole, a new block (a request's next block, a wavefront's spawned
+block, a joining request's) takes a hole or appends a row. Holes that would cost (a larger
+bucket than the blocks need, more than a quarter of the rows, or any compute at all on an
+unpadded runner) are then closed by *moves*: the last live rows take the first holes, so the
+blocks fill rows [0, N) again. Only the changed rows are written
+(RowStorage's staged writes, one host-to-device copy; a moved row's ids and state are copied on
+the device from its old row), and the patch looks only at what changed since the last layout
+(`touched`: requests added, dropped, with a block retired or opened; `gone`: the blocks that
+left), copying the layout's per-row `Columns` (slots, starts, sampling settings) and rewriting
+only the changed rows: its Python work grows with the changes, not with the batch.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
-array (`Layout.steps`, also the batch's `block_steps`), folded back into the blocks when the
-layout is replaced, and the batch counts its forwards in one counter (`launches`): a request's
+array (`Layout.steps`, also the batch's `block_steps`; a moved row's count moves with it), and
+the batch counts its forwards in one counter (`launches`): a request's
 forwards are those it was in the layout for (`forwards`), folded into it when it leaves.
 The host keeps per block what it has read back (`Block.converged`, `ready`, `ids`).
 """
@@ -32,14 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.managers.messages import ReqSettings, RowState
 from dllm_serve.managers.row_storage import RowStorage
 from dllm_serve.model.buckets import denoise_buckets, pick_bucket
-from dllm_serve.utils.device import to_device
 
 
 @dataclass(eq=False)
@@ -112,6 +109,11 @@ class Columns:
         self.slots[row], self.first_starts[row] = req.slot, block.start
         for column, name in SETTING_COLUMNS:
             getattr(self, column)[row] = getattr(req.settings, name)
+
+    def truncate(self, n: int) -> None:
+        """Keep rows [0, n)."""
+        for f in COLUMN_FIELDS:
+            del getattr(self, f)[n + (f == "offsets"):]
 
     def append(self, req: DeviceReq, block: Block) -> None:
         """A new last row: req's block."""
@@ -252,112 +254,113 @@ class ResidentBatch:
         return self.current
 
     def _rebuild(self) -> Layout:
-        old = self.current
-        patched = None if old is None else self._patch(old)
-        return patched if patched is not None else self._compact(old)
-
-    def _compact(self, old: Layout | None) -> Layout:
-        """Every request with blocks, in admission order, rows gathered to [0, N), no holes."""
-        reqs = [r for r in self.reqs.values() if r.blocks]
-        rows = [b for r in reqs for b in r.blocks]
-        owners = [r for r in reqs for _ in r.blocks]
-        if len(rows) > self.storage.capacity:
-            raise RuntimeError(f"{len(rows)} active blocks exceed the worker's row storage "
+        """The new layout from the current one (see the module docstring): blocks that left
+        leave holes, new blocks take holes (lowest first) or append rows, then holes that would
+        cost (a larger bucket than the blocks need, more than a quarter of the rows, or any
+        compute at all on an unpadded runner) are closed by moving the last rows into them.
+        Only what changed since the last layout is looked at."""
+        if self.num_rows > self.storage.capacity:
+            raise RuntimeError(f"{self.num_rows} active blocks exceed the worker's row storage "
                                f"({self.storage.capacity})")
-        n_old = len(old.rows) if old is not None else 0
-        index = np.fromiter((b.row for b in rows), np.int64, len(rows))  # old row, -1: fresh
-        is_fresh = index < 0
-        fresh = [b for b in rows if b.row < 0]
-        steps = np.empty(len(rows), dtype=np.int64)
-        kept = ~is_fresh
-        if old is not None:
-            steps[kept] = old.steps[index[kept]]
-        steps[is_fresh] = [b.init_steps for b in fresh]
-        index[is_fresh] = n_old + np.arange(len(fresh))
-        self.storage.write(*self._gather(old, fresh, index))
-        self._retire_layout(old)
-        for i, b in enumerate(rows):
-            b.row, b.init_ids, b.init_state = i, None, None
-        for r in set(old.reqs if old is not None else ()) - set(reqs):
-            self._leave(r)
-        for r in reqs:
-            self._enter(r)
-        cols = Columns.of(owners, rows)
-        n = len(rows)
-        self.storage.write_rows(np.arange(n), None, None, np.asarray(cols.first_starts),
-                                np.asarray(cols.slots), np.asarray(cols.seeds, dtype=np.int64))
-        self.storage.write_params(np.asarray([r.slot for r in reqs], dtype=np.int64),
-                                  self._params(reqs))
-        self.storage.clear_rows(n)
-        return Layout(owners, rows, self._batch(cols, steps), self.storage.views(n)[1], cols, [])
-
-    def _patch(self, old: Layout) -> Layout | None:
-        """The new layout without moving a row (see the module docstring), or None when it
-        cannot be had that way. Only what changed since `old` is looked at; nothing is changed
-        before the answer is known."""
+        old = self.current if self.current is not None else self._empty()
         leaving = [b.row for b in self.gone if b.row >= 0]
         entrants = [(r, b) for r in self.touched.values() if r.alive and not r.hole
                     for b in r.blocks if b.row < 0]
         entrants.sort(key=lambda e: (e[0].seq, e[1].start))
-        holes = sorted(old.holes + leaving)
-        appended = max(0, len(entrants) - len(holes))
-        total, live = len(old.rows) + appended, self.num_rows
-        left = len(holes) - len(entrants) + appended
-        if total > self.storage.capacity or (left and (
-                self.buckets is None or left > total // 4
-                or pick_bucket(total, self.buckets) != pick_bucket(live, self.buckets))):
-            return None
-        return self._apply_patch(old, holes, leaving, entrants, total)
-
-    def _apply_patch(self, old: Layout, holes: list[int], leaving: list[int],
-                     entrants: list[tuple[DeviceReq, Block]], total: int) -> Layout:
         cols = old.cols.copy()
         reqs, rows = list(old.reqs), list(old.rows)
         hole = self.hole
         for i in leaving:
             reqs[i], rows[i] = hole, hole.blocks[0]
             cols.set(i, hole, hole.blocks[0])
+        holes = sorted(old.holes + leaving)
         placed: list[int] = []  # the entrants' rows
         for r, b in entrants:
-            if holes:
-                i = holes.pop(0)
+            i = holes.pop(0) if holes else len(rows)
+            if i < len(rows):
                 reqs[i], rows[i] = r, b
                 cols.set(i, r, b)
             else:
-                i = len(rows)
                 reqs.append(r)
                 rows.append(b)
                 cols.append(r, b)
             placed.append(i)
+        steps = np.zeros(len(rows), dtype=np.int64)
+        steps[:len(old.rows)] = old.steps
+        steps[placed] = [b.init_steps for _, b in entrants]
+        targets: list[int] = []
+        sources: list[int] = []
+        n = len(rows)
+        if self._costly(n, len(holes)):  # close the holes: the last live rows move into them
+            n -= len(holes)
+            sources = [i for i in range(n, len(rows)) if not reqs[i].hole]
+            targets, holes = [h for h in holes if h < n], []
+            for t, src in zip(targets, sources, strict=True):
+                reqs[t], rows[t], steps[t] = reqs[src], rows[src], steps[src]
+                cols.set(t, reqs[t], rows[t])
+        del reqs[n:], rows[n:]
+        steps = steps[:n]
+        cols.truncate(n)
+        # rows that now hold no request get a hole's metadata (no request key), unless they
+        # already did; then the layout's bookkeeping
+        freed = sorted(i for i in {*leaving, *sources}
+                       if i >= len(rows) or reqs[i] is hole)
+        self._stage(placed, entrants, targets, sources, freed, reqs, rows)
+        self._bookkeep(old, entrants, rows, placed, targets)
+        return Layout(reqs, rows, self._batch(cols, steps), self.storage.views(len(rows))[1],
+                      cols, holes)
+
+    def _costly(self, total: int, holes: int) -> bool:
+        """Whether `holes` of `total` rows cost enough to close: a larger bucket than the
+        blocks need, more than a quarter of the rows, or any compute at all (unpadded)."""
+        if not holes:
+            return False
+        if self.buckets is None or holes > total // 4:
+            return True
+        return pick_bucket(total, self.buckets) != pick_bucket(total - holes, self.buckets)
+
+    def _stage(self, placed: list[int], entrants: list[tuple[DeviceReq, Block]],
+               targets: list[int], sources: list[int], freed: list[int],
+               reqs: list[DeviceReq], rows: list[Block]) -> None:
+        """Stage the changed rows in the storage: the entrants' (ids, fresh state, metadata),
+        the moved rows' (their source's ids and state, their metadata), the freed rows' (a
+        hole's metadata: no request key, so a hole never groups with a request that reuses its
+        slot)."""
+        blocks = [b for _, b in entrants]
+        owners = [r for r, _ in entrants] + [reqs[t] for t in targets]
+        starts = [b.start for b in blocks] + [rows[t].start for t in targets] + [0] * len(freed)
+        owners += [self.hole] * len(freed)
+        self.storage.write_rows(
+            np.asarray(placed + targets + freed, dtype=np.int64), _init_ids(blocks),
+            [b.init_state for b in blocks], np.asarray(starts, dtype=np.int64),
+            np.fromiter((r.slot for r in owners), np.int64, len(owners)),
+            np.fromiter((r.settings.seed for r in owners), np.int64, len(owners)),
+            sources=np.asarray(sources, dtype=np.int64))
+
+    def _bookkeep(self, old: Layout, entrants: list[tuple[DeviceReq, Block]],
+                  rows: list[Block], placed: list[int], targets: list[int]) -> None:
+        """Blocks learn their rows; requests enter and leave the layout (forward counts); new
+        requests' params are written."""
         for b in self.gone:
             b.row = -1
+        for i, (_, b) in zip(placed, entrants, strict=True):
+            b.row, b.init_ids, b.init_state = i, None, None
+        for t in targets:
+            rows[t].row = t
         newcomers = list({id(r): r for r, _ in entrants if not r.in_layout}.values())
         for r in self.touched.values():
             if r.in_layout and not (r.alive and r.blocks):
                 self._leave(r)
         for r in newcomers:
             self._enter(r)
-        blocks = [b for _, b in entrants]
-        steps = np.zeros(total, dtype=np.int64)
-        steps[:len(old.rows)] = old.steps
-        steps[placed] = [b.init_steps for b in blocks]
-        # the entrants' rows (ids, fresh state, metadata), then the new holes' (metadata only:
-        # no request key, so a hole never groups with a request that reuses its slot)
-        vacant = [i for i in leaving if reqs[i] is hole]
-        at = np.asarray(placed + vacant, dtype=np.int64)
-        owners = [r for r, _ in entrants] + [hole] * len(vacant)
-        self.storage.write_rows(
-            at, _init_ids(blocks), [b.init_state for b in blocks],
-            np.array([b.start for b in blocks] + [0] * len(vacant), dtype=np.int64),
-            np.fromiter((r.slot for r in owners), np.int64, len(owners)),
-            np.fromiter((r.settings.seed for r in owners), np.int64, len(owners)))
         if newcomers:
             self.storage.write_params(np.asarray([r.slot for r in newcomers], dtype=np.int64),
                                       self._params(newcomers))
-        for i, b in zip(placed, blocks, strict=True):
-            b.row, b.init_ids, b.init_state = i, None, None
-        return Layout(reqs, rows, self._batch(cols, steps), self.storage.views(total)[1], cols,
-                      holes)
+
+    def _empty(self) -> Layout:
+        cols = Columns.of([], [])
+        return Layout([], [], self._batch(cols, np.zeros(0, dtype=np.int64)),
+                      self.storage.views(0)[1], cols, [])
 
     def _batch(self, cols: Columns, steps: np.ndarray) -> DenoiseBatch:
         """The DenoiseBatch of rows [0, N) laid out as `cols` says (it shares their lists:
@@ -371,29 +374,6 @@ class ResidentBatch:
             min_ps=cols.min_ps)
         batch.bind_rows(*self.storage.row_views(n))
         return batch
-
-    def _retire_layout(self, old: Layout | None) -> None:
-        """Fold the replaced layout's step counts into its blocks; its rows leave it."""
-        if old is None:
-            return
-        for i, b in enumerate(old.rows):
-            b.init_steps, b.row = int(old.steps[i]), -1
-
-    def _gather(self, old: Layout | None, fresh: list[Block], index: np.ndarray,
-                ) -> tuple[torch.Tensor, State | None]:
-        """ids (N, K) and state of the new row order: rows of `old` then `fresh`, by index
-        (one host-to-device copy: the index and the fresh blocks' ids together)."""
-        n, m = len(index), len(fresh)
-        packed = to_device(np.concatenate([index, _init_ids(fresh).reshape(-1)]), self.device)
-        idx, new_ids = packed[:n], packed[n:].view(m, self.k)
-        new_state = self.storage.fresh_state(new_ids, [b.init_state for b in fresh])
-        if old is None or not old.rows:
-            return new_ids[idx], (None if new_state is None
-                                  else {key: v[idx] for key, v in new_state.items()})
-        ids = torch.cat([old.batch.block_ids, new_ids])[idx]
-        if new_state is None or old.state is None:
-            return ids, None
-        return ids, {key: torch.cat([old.state[key], new_state[key]])[idx] for key in new_state}
 
     def _params(self, reqs: list[DeviceReq]) -> np.ndarray:
         """(P, B) per-request values of the algorithm's request_params (defaults where unset)."""

@@ -11,8 +11,8 @@ live batch directly. Buffers, `capacity` rows each:
   req_params {name: (keys,)} float32      per-request values of the algorithm's request_params
                                           (indexed by row_req), the config default where unset
 Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
-free_key (`clear_rows`): the step groups rows by row_req. One more row past `capacity` (the
-scratch row) takes the unused records of the inbox.
+free_key (a layout that gives a row up writes it so): the step groups rows by row_req. One more
+row past `capacity` (the scratch row) takes the unused records of the inbox.
 
 Row writes are staged: `write_rows` packs the rows into the host inbox (kernels/row_inbox.py),
 `flush` copies it to the device in one copy, and `apply_staged` applies it: the runner calls
@@ -33,6 +33,7 @@ from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
     HAS_IDS,
+    MOVED,
     RECORD_HEAD,
     apply_rows,
     apply_rows_reference,
@@ -67,6 +68,7 @@ class RowStorage:
         self.staged = np.zeros(1 + capacity * self.width, dtype=np.int64)  # its host copy
         self.records = self.staged[1:].reshape(capacity, self.width)
         self.pending = 0  # records staged and not yet copied
+        self.moves = (0, 0)  # the staged records that are moves: [first, end)
         self.sent = False  # a copy not yet applied by an eager apply_staged
         self._rows_arange = torch.arange(capacity, device=device)
         if device.type == "cuda":  # compile the apply kernel now (nothing staged: a no-op)
@@ -80,23 +82,16 @@ class RowStorage:
         """{name: (capacity,) view of its row of `params`} (fixed views, made once)."""
         return {n: self.params[i] for i, n in enumerate(self.algo.request_params)}
 
-    def write(self, ids: torch.Tensor, state: State | None) -> None:
-        """Rows [0, N) := ids (N, K) and state (N, ...) (new tensors, not views of these)."""
-        n = ids.shape[0]
-        self.ids[:n].copy_(ids)
-        if state is not None and self.state is not None:
-            for key, value in state.items():
-                self.state[key][:n].copy_(value)
-
     def write_rows(self, at: np.ndarray, ids: np.ndarray | None,
                    states: list[RowState | None] | None, starts: np.ndarray, reqs: np.ndarray,
-                   seeds: np.ndarray) -> None:
-        """Rows `at` (M,) := block starts, request keys and seeds (M,) and, for the first J
-        rows, ids (J, K) (host; None: J = 0) with fresh state (or a resumed block's own, from
-        states (J,)); the other rows stay. Staged: applied at the next denoise forward, after
-        `flush`. The one way rows' metadata is written: every row on a compaction (ids None:
-        they were gathered on the device), the changed rows on a patch (new blocks with their
-        ids, new holes without)."""
+                   seeds: np.ndarray, sources: np.ndarray | None = None) -> None:
+        """Rows `at` (M,) := block starts, request keys and seeds (M,); the first J rows
+        (J = len(ids)) also get ids (J, K) (host) with fresh state (or a resumed block's own,
+        from states (J,)); the next S rows (S = len(sources)) take the ids and state of rows
+        `sources` (S,) (a move: no source may be written by this call); the other rows keep
+        theirs. Staged: applied at the next denoise forward, after `flush`. The one way rows
+        are written: a layout change stages its new blocks, the rows it moves and its new
+        holes (metadata only) here."""
         m = len(at)
         if m == 0:
             return
@@ -115,7 +110,11 @@ class RowStorage:
             rec[:j, 4] = HAS_IDS | FRESH_STATE
             rec[:j, RECORD_HEAD:] = ids
             rec[carried, 4] = HAS_IDS
-        self.pending = m
+        moved = 0 if sources is None else len(sources)
+        if moved:
+            rec[j:j + moved, 4] = MOVED
+            rec[j:j + moved, RECORD_HEAD] = sources
+        self.pending, self.moves = m, (j, j + moved)
         if carried and self.state is not None:
             self._write_carried(at[carried], ids[carried], [states[i] for i in carried])
 
@@ -138,6 +137,19 @@ class RowStorage:
         self.staged[0] = self.pending
         copy_to_device(self.inbox[:n], self.staged[:n])
         self.pending, self.sent = 0, True
+        if self.moves[1] > self.moves[0] and self.state is not None:
+            self._move_state(*self.moves)
+        self.moves = (0, 0)
+
+    def _move_state(self, first: int, end: int) -> None:
+        """The state of the moves in records [first, end) of the inbox just copied: each
+        target row takes its source's (device ops reading the inbox, queued before the
+        forward that applies the ids; targets and sources are disjoint)."""
+        assert self.state is not None
+        records = self.inbox[1:1 + end * self.width].view(end, self.width)[first:]
+        target, source = records[:, 0], records[:, RECORD_HEAD]
+        for value in self.state.values():
+            value.index_copy_(0, target, value.index_select(0, source))
 
     def apply_staged(self) -> None:
         """Apply the inbox on the device (the runner's hook before each denoise forward; no
@@ -169,11 +181,6 @@ class RowStorage:
                                            .view(np.uint8)]), self.device)
         self.params.index_copy_(1, packed[:8 * m].view(torch.int64),
                                 packed[8 * m:].view(torch.float32).view(params.shape))
-
-    def clear_rows(self, n: int) -> None:
-        """Rows [n, capacity) hold no request (row_req := free_key), e.g. after a layout
-        shrank to n rows."""
-        self.row_req[n:].fill_(self.free_key)
 
     def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
         """State for new rows with ids (M, K): fresh from the algorithm, carried values where
