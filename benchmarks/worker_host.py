@@ -7,15 +7,16 @@ forward costs when requests join and leave every few forwards.
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the
 CPU; the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after
-writing the bucketed path's metadata (graph_layout.MetaWriter, what a CUDA-graph forward needs
-from the host); the algorithm is benchmarks/scheduled_denoise.py's ScheduledDenoise (each block
-takes a lognormal number of forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per
-running slot. Reported per setting: worker host ms per forward (time inside Worker.iterate over
-denoise forwards), scheduler ms per forward, forwards. On a GPU the forward runs asynchronously,
-so the worker's host time is what must stay under one forward's device time. With --count-ops
-also the torch operator calls per forward inside `ResidentBatch.layout` (the layout changes'
-row writes and views): each costs tens of microseconds of host time on a GPU (a dispatch, often
-a launch), a machine-independent count of that part of the host's work.
+applying the worker's staged row writes (what a CUDA-graph forward needs from the host: its
+metadata is computed on the device from the rows); the algorithm is
+benchmarks/scheduled_denoise.py's ScheduledDenoise (each block takes a lognormal number of
+forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per running slot. Reported per
+setting: worker host ms per forward (time inside Worker.iterate over denoise forwards),
+scheduler ms per forward, forwards. On a GPU the forward runs asynchronously, so the worker's
+host time is what must stay under one forward's device time. With --count-ops also the torch
+operator calls per forward inside `ResidentBatch.layout` (the layout changes' row writes and
+views): each costs tens of microseconds of host time on a GPU (a dispatch, often a launch), a
+machine-independent count of that part of the host's work.
 """
 
 from __future__ import annotations
@@ -45,24 +46,21 @@ from dllm_serve.managers.scheduler import Scheduler  # noqa: E402
 from dllm_serve.managers.scheduler_config import SchedulerConfig  # noqa: E402
 from dllm_serve.managers.worker import Worker  # noqa: E402
 from dllm_serve.model.denoise_run import DenoiseRun  # noqa: E402
-from dllm_serve.model.graph_layout import MetaLayout, MetaWriter  # noqa: E402
 
 K, MASK, EOS, VOCAB = 32, 15, 14, 16
 
 
 class MetaRunner(FakeRunner):
-    """FakeRunner whose prepare_denoise also writes the bucketed path's metadata."""
+    """FakeRunner whose forward costs the host what the bucketed path's does: the staged row
+    writes (the worker's hook); the forward's metadata is computed on the device from the rows
+    (model/denoise_graphs.py), so the host writes none."""
 
     def __init__(self, num_pages: int, page_size: int, max_requests: int) -> None:
         super().__init__(K, num_pages, page_size, VOCAB)
         self.max_requests = self.scratch_slot = max_requests
-        self.meta = MetaWriter(MetaLayout(256, K, 1), K, 255)
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                         block_ids: torch.Tensor) -> DenoiseRun:
-        n = sum(num_blocks)
-        bucket = 1 << max(0, (n - 1).bit_length())
-        self.meta.write(bucket, slots, first_starts, num_blocks)
         logits = torch.zeros(block_ids.numel(), VOCAB)
 
         def run() -> torch.Tensor:

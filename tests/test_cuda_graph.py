@@ -203,11 +203,13 @@ def test_warm_up_writes_only_the_scratch_page(tiny_model_dir: Path) -> None:
 
 
 @torch.inference_mode()
-def worker_tokens(model_dir: Path, static: bool, step: bool = False,
+def worker_tokens(model_dir: Path, static: bool, step: bool = False, rows: bool = True,
                   ) -> tuple[np.ndarray, list[int]]:
     """Six worker iterations, FDFO, wavefront W=2, LowConfidence threshold 1 (one token a step)
     with every masked position counted as ready (tau 0): each request opens its second block
-    after one step, so the layout changes while the forward loop runs."""
+    after one step, so the layout changes while the forward loop runs. rows: the forward's
+    metadata computed from the storage's rows (as the worker builds it), else written by the
+    host."""
     runner, mask_id = make_runner(model_dir)
     algo = LowConfidence(LowConfidenceConfig(threshold=1.0), K, mask_id)
     algo.fused_predict = True
@@ -221,7 +223,8 @@ def worker_tokens(model_dir: Path, static: bool, step: bool = False,
         runner.graphs = DenoiseGraphs(
             runner.model, runner.kv, runner.attn, K, 8, runner.model.config.vocab_size,  # type: ignore[arg-type]
             mask_id, runner.scratch_slot, ids=worker.storage.ids,
-            before=worker.storage.apply_staged)
+            before=worker.storage.apply_staged,
+            rows=(worker.storage.row_req, worker.storage.row_start) if rows else None)
     items: list[AddPages | Admit] = [AddPages(slot, 0, p) for slot, p in enumerate(PAGES)]
     for slot, start in ((0, 64), (1, 32)):
         block = np.full((1, K), mask_id, dtype=np.int64)
@@ -239,8 +242,10 @@ def worker_tokens(model_dir: Path, static: bool, step: bool = False,
 def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path) -> None:
     ref_ids, ref_widths = worker_tokens(tiny_model_dir, static=False)
     assert ref_widths == [2, 4, 4, 4, 4, 4]  # both requests opened a second block
-    for step in (False, True):  # the step eager on the graph's logits / inside the "graph"
-        ids, widths = worker_tokens(tiny_model_dir, static=True, step=step)
+    # the step eager on the graph's logits (metadata from the host / the rows), inside the
+    # "graph" (as the worker builds it: metadata from the rows)
+    for step, rows in ((False, False), (False, True), (True, True)):
+        ids, widths = worker_tokens(tiny_model_dir, static=True, step=step, rows=rows)
         assert widths == ref_widths
         np.testing.assert_array_equal(ids, ref_ids)
 

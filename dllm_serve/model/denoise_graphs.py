@@ -5,7 +5,9 @@ worker's row storage: the batch's blocks live in rows [0, N)), the static output
 one buffer shared by every bucket) and, when the worker gives one, its greedy step: each
 bucket then has two graphs, the forward, and the forward followed by the step (its readout
 (bucket, width) in a static buffer). `prepare` picks the bucket of a batch, fills the metadata
-(one host-to-device copy) and returns the run; each call copies the batch's current block ids
+(one host-to-device copy; none when the worker's row storage gives its rows' request keys and
+starts: then each forward computes its metadata first, on the device, kernels/row_meta.py)
+and returns the run; each call copies the batch's current block ids
 into the static ids when they are not already there and replays the bucket's graph (or runs
 the same work eagerly: buckets past --cuda-graph-max-bs, graphs off). FDFO re-loops and
 wavefront layout changes simply call again: the same bucket replays the same graph.
@@ -19,6 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dllm_serve.kernels.block_attention import TILE_FIELDS
+from dllm_serve.kernels.row_meta import RowMetaFields, write_row_meta, write_row_meta_reference
 from dllm_serve.kernels.runtime import cdiv
 from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
@@ -36,11 +40,15 @@ class DenoiseGraphs(BucketedForwards):
     def __init__(self, model: nn.Module, kv: KVCache, attn: TritonAttention, block_size: int,
                  max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int,
                  ids: torch.Tensor | None = None, step: Step | None = None,
-                 width: int = 0, before: Callable[[], None] | None = None) -> None:
+                 width: int = 0, before: Callable[[], None] | None = None,
+                 rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
         storage); default: a buffer of the graphs' own. step: the greedy step to run after the
         forward, (bucket, logits) -> readout (bucket, width). before: device work queued
-        first in every forward (captured with it)."""
+        first in every forward (captured with it). rows: the storage's row_req and row_start
+        (>= max_blocks,) when every row holds one block (a hole or padding: the scratch slot,
+        start 0): each forward then computes its metadata from them, right after `before`,
+        and `prepare` writes none (its batch must be the storage's rows)."""
         dev = kv.req_to_page.device
         if ids is None:
             ids = torch.full((max_blocks, block_size), pad_id, dtype=torch.int64, device=dev)
@@ -55,6 +63,13 @@ class DenoiseGraphs(BucketedForwards):
         self.step = step
         self.before = before  # first in every forward (the worker's staged row writes)
         self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
+        self.rows = rows
+        tiles = self.meta[layout.offset("tiles"):].view(torch.int32)
+        self.row_fields = RowMetaFields(
+            self.field("positions", layout.max_tokens), self.field("token_slot", layout.max_tokens),
+            self.field("seg_req", max_blocks), self.field("seg_starts", max_blocks),
+            tiles[:layout.max_tiles * TILE_FIELDS].view(-1, TILE_FIELDS))
+        self.fill_padding(self.buckets[-1])  # the fields no row changes, for every bucket
 
     # ---- per forward ---------------------------------------------------------------------
 
@@ -68,9 +83,12 @@ class DenoiseGraphs(BucketedForwards):
         if bucket is None:
             return None
         static = self.forwards[bucket]
-        self.fill(bucket, req_slots, first_starts, num_blocks)
-        t = n * self.layout.block_size
         resident = block_ids.data_ptr() == self.ids.data_ptr()
+        if self.rows is None:
+            self.fill(bucket, req_slots, first_starts, num_blocks)
+        else:
+            assert resident, "with rows, a forward runs over the storage rows only"
+        t = n * self.layout.block_size
         if not resident:  # resident rows past N hold earlier blocks' ids: valid tokens too
             self.ids[t:static.tokens].fill_(self.pad_id)
 
@@ -94,6 +112,9 @@ class DenoiseGraphs(BucketedForwards):
         buffer."""
         if self.before is not None:
             self.before()
+        if self.rows is not None:
+            meta = write_row_meta if self.meta.is_cuda else write_row_meta_reference
+            meta(*self.rows, self.row_fields, static.blocks, self.layout.block_size)
         hidden = self.hidden(static)  # (T_pad, hidden)
         return self.model.compute_logits(hidden, out=self.logits[:static.tokens])
 

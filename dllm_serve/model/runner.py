@@ -154,14 +154,17 @@ class ModelRunner:
                              self.cfg.mask_id, self.scratch_slot)
 
     def warm_up(self, ids: torch.Tensor | None = None, step: Step | None = None,
-                width: int = 0, before: Hook | None = None) -> None:
+                width: int = 0, before: Hook | None = None,
+                row_keys: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Build the bucketed denoise forwards over the static token ids `ids` (the worker's
         row storage, (rows, K)) with the greedy `step` (bucket, logits) -> readout (bucket,
         width) after the forward when given; then, on CUDA, compile every bucket's kernels,
         prefill and denoise: capture their CUDA graphs when the config asks for them (on a
         capture failure warn and run them eagerly), and run each bucket without a graph once.
         `before` runs first in every denoise forward from then on, bucketed (inside its graph)
-        or eager (the worker's staged row writes)."""
+        or eager (the worker's staged row writes). `row_keys`: the storage's row_req and
+        row_start (one block per row): bucketed forwards then compute their metadata from them
+        (DenoiseGraphs)."""
         self.before_denoise = before
         if not self.bucketed:
             return
@@ -171,7 +174,7 @@ class ModelRunner:
         rows = self.cfg.graph_max_blocks if ids is None else ids.shape[0]
         self.graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,  # type: ignore[arg-type]
                                     rows, self.cfg.model.vocab_size, self.cfg.mask_id,
-                                    self.scratch_slot, ids, step, width, before)
+                                    self.scratch_slot, ids, step, width, before, row_keys)
         if self.device.type != "cuda":
             return  # nothing to compile (the interpreter), no graphs
         graphs = self._want_graphs() and self._capture()
