@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -41,7 +42,12 @@ def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
                     info["worker_s"], info["warmup_s"])
         tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size,
                             {"startup": info}))
-        profiled(loop, worker, rx, tx)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
+        try:
+            profiled(loop, worker, rx, tx)
+        finally:  # a shutdown or the engine's stop: whatever the trace holds goes to its file
+            if worker.tracer is not None:
+                worker.tracer.settle()
     except Exception:
         logger.exception("worker failed")
         tx.send(WorkerFailed(traceback.format_exc()))
@@ -68,15 +74,14 @@ def loop(worker: Worker, rx: Receiver, tx: Sender) -> None:
 
 def profiled(fn, *args: Any) -> None:  # type: ignore[no-untyped-def]
     """fn(*args), under cProfile when $DLLM_SERVE_PROFILE_WORKER names a path prefix (the stats
-    go to PREFIX.<pid> when the loop ends: a developer's view of the worker's host time)."""
+    go to PREFIX.<pid> when the loop ends, the engine's stop included: a developer's view of
+    the worker's host time)."""
     prefix = os.environ.get(PROFILE_ENV)
     if not prefix:
         fn(*args)
         return
     import cProfile
-    import signal
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: dump, then exit
     prof = cProfile.Profile()
     try:
         prof.runcall(fn, *args)
