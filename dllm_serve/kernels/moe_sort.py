@@ -42,7 +42,9 @@ from dllm_serve.kernels.runtime import cdiv, check_device, next_pow2
 CHUNK = 128  # assignments per step of the one program, per program of count and scatter
 EXPERT_SLICE = 16  # experts per program of the prefix kernel
 ONE_PROGRAM_PAIRS = 1 << 18  # most A * max(E, CHUNK) sorted by the one program
-ONE_PROGRAM_WARPS = 8
+# The one program's (CHUNK, E) comparisons live in registers: at E = 256, 16 warps hold them
+# in 128 registers a thread (ptxas for sm_90); 8 warps need 255 and spill.
+ONE_PROGRAM_WARPS = 16
 FILL_SLOTS = 1024  # slots per step of the one program's fill of unused blocks
 
 

@@ -4,13 +4,13 @@
 It computes what PyTorch computes, in the same roundings: silu(g) = g / (1 + exp(-g)) in fp32
 (CUDA's expf and an IEEE division: libdevice's exp and div_rn, not Triton's approximate
 tl.exp and division), rounded to the input dtype as F.silu's output is; then the product of
-that and up in fp32, rounded once. On the GPU the result equals the oracle bit for bit (the
-product of two bf16 values is exact in fp32), except that libdevice flushes subnormal exp
-results to zero: gates below about -87 may give 0 where PyTorch gives a subnormal. The
-interpreter has no libdevice (np.exp there) and casts to bf16 toward zero, so on the CPU bf16
-results are within a bf16 step or two of the oracle's. Rows are contiguous in their last dim;
-ROWS rows per program (1 on the GPU; many in the interpreter, where each program costs a
-Python loop).
+that and up in fp32, rounded once. On the GPU the result should equal the oracle bit for bit
+(tested by the `gpu` tests; the product of two bf16 values is exact in fp32; Triton builds
+libdevice with flush-to-zero, which only touches exp(-g) where that is subnormal, g > 87,
+where 1 + exp(-g) is 1 either way). The interpreter has no libdevice (np.exp there) and casts
+to bf16 toward zero, so on the CPU bf16 results are within a bf16 step or two of the oracle's.
+Rows are contiguous in their last dim; ROWS rows per program (1 on the GPU; many in the
+interpreter, where each program costs a Python loop).
 """
 
 from __future__ import annotations
