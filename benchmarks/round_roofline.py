@@ -115,8 +115,8 @@ def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
     init = torch.where(torch.rand(shape) < 0.5, algo.mask_id, init).to(runner.device)
     storage.write_rows(np.arange(b), None, None, np.asarray(prefixes, dtype=np.int64),
                        np.arange(b), np.zeros(b, np.int64))
-    storage.flush()  # applied by the first round's forward
     storage.write_params(np.arange(b), np.repeat(storage.defaults[:, None], b, axis=1))
+    storage.flush()  # applied by the first round's forward
     ids, state = storage.views(b)
     batch = DenoiseBatch(block_ids=ids, num_blocks=[1] * b, first_starts=prefixes,
                          temperatures=[0.0] * b, top_ps=[1.0] * b, seeds=[0] * b,

@@ -13,6 +13,7 @@ from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
     HAS_IDS,
     MOVED,
+    PARAMS,
     RECORD_HEAD,
     apply_rows,
     apply_rows_reference,
@@ -40,35 +41,47 @@ def inbox_of(records: list[tuple[int, int, int, int, int, list[int]]], capacity:
 @pytest.mark.parametrize("count", [0, 1, 5, 21])
 def test_apply_rows_equals_reference(count: int) -> None:
     """Rows in the count get their metadata, their ids where HAS_IDS is set and their source
-    row's ids where MOVED is (sources: rows no record writes); records past the count and
-    every other row stay; the count is zeroed. 21 records: two inner steps."""
+    row's ids where MOVED is (sources: rows no record writes); a PARAMS record writes its
+    request key's params and no row; records past the count and every other row and key stay;
+    the count is zeroed. 21 records: two inner steps."""
     gen = torch.Generator().manual_seed(count)
     capacity, k = 24, 6
     order = torch.randperm(capacity, generator=gen).tolist()
     rows, sources = order[:count], order[count:]
-    flags = (0, HAS_IDS, MOVED)
-    records = [(r, i, 100 + i, 7 * i, flags[i % 3],
-                [sources[i % len(sources)]] * (i % 3 == 2) + [r * 10 + j for j in range(k)])
+    flags = (0, HAS_IDS, MOVED, PARAMS)
+    values = np.array([[0.25 * i, -1.5 - i] for i in range(count)], dtype=np.float32)
+    bits = values.view(np.int32).astype(np.int64).tolist()
+
+    def fields(i: int, r: int) -> list[int]:
+        if i % 4 == 3:
+            return bits[i] + [0] * (k - 2)
+        return ([sources[i % len(sources)]] * (i % 4 == 2) + [r * 10 + j for j in range(k)])[:k]
+
+    records = [(i if i % 4 == 3 else r, i, 100 + i, 7 * i, flags[i % 4], fields(i, r))
                for i, r in enumerate(rows)]
-    records = [(*rec[:5], rec[5][:k]) for rec in records]
     inbox = inbox_of(records, capacity, k, gen)
     ids = torch.randint(0, 50, (capacity + 1, k), generator=gen).to(DEVICE)
     meta = torch.randint(0, 50, (3, capacity + 1), generator=gen).to(DEVICE)
-    want_ids, want_meta = ids.clone(), meta.clone()
-    for row, req, start, seed, flag, row_ids in records:
+    params = torch.rand(2, capacity + 1, generator=gen).to(DEVICE)
+    want_ids, want_meta, want_params = ids.clone(), meta.clone(), params.clone()
+    for i, (row, req, start, seed, flag, row_ids) in enumerate(records):
+        if flag & PARAMS:
+            want_params[:, row] = torch.from_numpy(values[i])
+            continue
         want_meta[:, row] = torch.tensor([req, start, seed])
         if flag & HAS_IDS:
             want_ids[row] = torch.tensor(row_ids)
         if flag & MOVED:
             want_ids[row] = ids[row_ids[0]]
-    ref_inbox, ref_ids, ref_meta = inbox.clone(), ids.clone(), meta.clone()
-    apply_rows_reference(ref_inbox, ref_ids, ref_meta)
-    apply_rows(inbox, ids, meta)
-    for got in ((ids, meta), (ref_ids, ref_meta)):  # the scratch row (last) may hold anything
+    ref = inbox.clone(), ids.clone(), meta.clone(), params.clone()
+    apply_rows_reference(*ref)
+    apply_rows(inbox, ids, meta, params)
+    for got in ((ids, meta, params), ref[1:]):  # the scratch row / key (last): anything
         assert torch.equal(got[0][:capacity], want_ids[:capacity])
         assert torch.equal(got[1][:, :capacity], want_meta[:, :capacity])
-    assert int(inbox[0]) == 0 and int(ref_inbox[0]) == 0
-    assert torch.equal(inbox[1:], ref_inbox[1:])
+        assert torch.equal(got[2][:, :capacity], want_params[:, :capacity])
+    assert int(inbox[0]) == 0 and int(ref[0][0]) == 0
+    assert torch.equal(inbox[1:], ref[0][1:])
 
 
 def storage(algorithm: str) -> RowStorage:
@@ -157,3 +170,20 @@ def test_moved_rows_take_their_sources_ids_and_state() -> None:
         assert torch.equal(v[[0, 3, 4, 5, 6, 7]], state_before[key][[0, 3, 4, 5, 6, 7]]), key
     assert s.row_req.tolist()[:8] == [8, 3, 4, 8, 8, 8, 8, 8]
     assert s.row_start[[1, 2]].tolist() == [8, 12] and s.row_seed[[1, 2]].tolist() == [5, 6]
+
+
+def test_staged_params_land_with_the_rows() -> None:
+    """write_params after write_rows: both land at the next forward (flush + apply_staged),
+    the other keys keep their values."""
+    s = storage("JointThreshold")
+    before = s.params.clone()
+    s.write_rows(np.array([0]), np.full((1, 4), MASK), [None], np.array([0]), np.array([3]),
+                 np.array([1]))
+    s.write_params(np.array([3, 5]), np.array([[0.5, 0.75], [0.125, 0.0]], dtype=np.float32))
+    assert torch.equal(s.params, before)
+    s.flush()
+    s.apply_staged()
+    assert s.req_params["threshold"][[3, 5]].tolist() == [0.5, 0.75]
+    assert s.req_params["edit_threshold"][[3, 5]].tolist() == [0.125, 0.0]
+    keep = [i for i in range(s.params.shape[1] - 1) if i not in (3, 5)]
+    assert torch.equal(s.params[:, keep], before[:, keep]) and int(s.row_req[0]) == 3

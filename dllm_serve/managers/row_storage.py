@@ -10,12 +10,14 @@ live batch directly. Buffers, `capacity` rows each:
                                           its request's sampling seed
   req_params {name: (keys,)} float32      per-request values of the algorithm's request_params
                                           (indexed by row_req), the config default where unset
+                                          (one more column past the keys: the inbox's scratch)
 Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
 free_key (a layout that gives a row up writes it so): the step groups rows by row_req. One more
 row past `capacity` (the scratch row) takes the unused records of the inbox.
 
 Row writes are staged: `write_rows` packs the rows into the host inbox (kernels/row_inbox.py),
-`flush` copies it to the device in one copy, and `apply_staged` applies it: the runner calls
+`write_params` appends the new requests' params to it, `flush` copies it to the device in one
+copy, and `apply_staged` applies it: the runner calls
 it first thing in every denoise forward (inside the forward's CUDA graph when there is one), so
 a patch of the resident batch costs the host one copy, whatever the algorithm's state.
 Invariant: between `flush` and the next denoise forward nothing reads the staged rows.
@@ -34,6 +36,7 @@ from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
     HAS_IDS,
     MOVED,
+    PARAMS,
     RECORD_HEAD,
     apply_rows,
     apply_rows_reference,
@@ -61,12 +64,15 @@ class RowStorage:
         self.row_req, self.row_start, self.row_seed = self.all_meta[:, :capacity].unbind(0)
         self.defaults = np.array([float(getattr(algo.config, n)) for n in algo.request_params],
                                  dtype=np.float32)
-        self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, free_key + 1)
+        self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, free_key + 2)
         self.row_req.fill_(free_key)
         self.width = record_width(block_size)
-        self.inbox = torch.zeros(1 + capacity * self.width, dtype=torch.int64, device=device)
-        self.staged = np.zeros(1 + capacity * self.width, dtype=np.int64)  # its host copy
-        self.records = self.staged[1:].reshape(capacity, self.width)
+        # a layout change stages at most every row twice (a new block or a move, a freed row)
+        # and each request's params once
+        records = 3 * capacity
+        self.inbox = torch.zeros(1 + records * self.width, dtype=torch.int64, device=device)
+        self.staged = np.zeros(1 + records * self.width, dtype=np.int64)  # its host copy
+        self.records = self.staged[1:].reshape(records, self.width)
         self.pending = 0  # records staged and not yet copied
         self.moves = (0, 0)  # the staged records that are moves: [first, end)
         self.sent = False  # a copy not yet applied by an eager apply_staged
@@ -159,28 +165,28 @@ class RowStorage:
             return
         self.sent = False
         if self.all_state is not None and self.algo.graph_safe:  # before the count is zeroed
-            records = self.inbox[1:].view(self.capacity, self.width)
+            records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
             fresh = self.algo.init_step_state(records[:, RECORD_HEAD:])
             due = (self._rows_arange < self.inbox[0]) & ((records[:, 4] & FRESH_STATE) != 0)
             rows = torch.where(due, records[:, 0], self.capacity)
             for key, value in (fresh or {}).items():
                 self.all_state[key].index_copy_(0, rows, value)
         if self.device.type == "cuda":
-            apply_rows(self.inbox, self.all_ids, self.all_meta)
+            apply_rows(self.inbox, self.all_ids, self.all_meta, self.params)
         else:
-            apply_rows_reference(self.inbox, self.all_ids, self.all_meta)
+            apply_rows_reference(self.inbox, self.all_ids, self.all_meta, self.params)
 
     def write_params(self, at: np.ndarray, params: np.ndarray) -> None:
-        """Request keys `at` (M,) := per-request params (P, M) (one copy: the keys' bytes, then
-        the values')."""
+        """Request keys `at` (M,) := per-request params (P, M), staged after the rows (one
+        PARAMS record each: applied with them at the next denoise forward, after `flush`)."""
         if not params.size:
             return
-        m = len(at)
-        packed = to_device(np.concatenate([at.astype(np.int64).view(np.uint8),
-                                           params.astype(np.float32).reshape(-1)
-                                           .view(np.uint8)]), self.device)
-        self.params.index_copy_(1, packed[:8 * m].view(torch.int64),
-                                packed[8 * m:].view(torch.float32).view(params.shape))
+        m, first = len(at), self.pending
+        rec = self.records[first:first + m]
+        rec[:, 0], rec[:, 1:4], rec[:, 4] = at, 0, PARAMS
+        bits = params.astype(np.float32).view(np.int32).T  # (M, P) the floats' bits
+        rec[:, RECORD_HEAD:RECORD_HEAD + params.shape[0]] = bits
+        self.pending = first + m
 
     def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
         """State for new rows with ids (M, K): fresh from the algorithm, carried values where
