@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dllm_serve.utils.device import to_device
+from dllm_serve.utils.device import copy_to_device
 
 
 class KVCache:
@@ -35,8 +35,7 @@ class KVCache:
         if end > self.max_pages_per_req:
             raise ValueError(f"request needs {end} pages, the table holds "
                              f"{self.max_pages_per_req}")
-        self.req_to_page[slot, first:end] = to_device(np.asarray(pages, dtype=np.int64),
-                                                      self.req_to_page.device)
+        copy_to_device(self.req_to_page[slot, first:end], np.asarray(pages, dtype=np.int64))
 
     def slots(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slot of each absolute position; req_slots and positions broadcast together."""
