@@ -3,13 +3,14 @@
 - block_attention / triton_attention: block-diffusion paged attention (`--attention-backend
   triton`); oracle `layers.attention.TorchAttention`.
 - moe_route, moe_sort, fused_moe: device routing (summing the router's partial logits in
-  the kernel), expert-sorted blocks (one launch up to 1024 assignments of 256 experts, five
-  past that) and grouped GEMMs (`--moe-backend triton`); oracles `layers.moe.route`,
-  `moe_align.align_by_expert` and `moe_reference`.
+  the kernel), expert-sorted blocks (five short launches) and grouped GEMMs (`--moe-backend
+  triton`); oracles `layers.moe.route`, `moe_align.align_by_expert` and `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
 - row_inbox: the worker's staged row writes applied in one launch inside the forward's graph;
   oracle `apply_rows_reference`.
+- row_meta: a denoise forward's metadata computed from its rows' request keys and starts
+  inside the forward's graph; oracle `write_row_meta_reference` (and graph_layout.fill_meta).
 - norm, rope, silu_mul, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial
   RoPE, the SwiGLU activation silu(gate) * up, and the K/V store into the paged cache
   (`layers.fused.set_kernel_backend(model, "triton")`, and the Triton attention's store);

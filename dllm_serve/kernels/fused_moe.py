@@ -2,9 +2,8 @@
 
 1. `fused_route` sums the router's partial logits and picks experts and weights
    (kernels/moe_route.py);
-2. `sort_by_expert` sorts the T*K assignments by expert into padded blocks (moe_sort.py: one
-   launch up to 1024 assignments of 256 experts, five past that; its oracle
-   `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
+2. `sort_by_expert` sorts the T*K assignments by expert into padded blocks (moe_sort.py; its
+   oracle `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
    assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I);
 4. `_down_kernel`: per (block, N tile) y = h @ down^T -> (A, hidden) in x.dtype (each expert's
