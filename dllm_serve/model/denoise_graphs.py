@@ -28,7 +28,7 @@ from dllm_serve.kernels.triton_attention import TritonAttention
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.buckets import denoise_buckets, pick_bucket
 from dllm_serve.model.cuda_graph import BucketedForwards, GraphPool, StaticForward
-from dllm_serve.model.denoise_run import DenoiseRun
+from dllm_serve.model.denoise_run import DenoiseRun, Hook
 from dllm_serve.model.graph_layout import MetaLayout
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class DenoiseGraphs(BucketedForwards):
     def __init__(self, model: nn.Module, kv: KVCache, attn: TritonAttention, block_size: int,
                  max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int,
                  ids: torch.Tensor | None = None, step: Step | None = None,
-                 width: int = 0, before: Callable[[], None] | None = None,
+                 width: int = 0, before: Hook | None = None,
                  rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
         storage); default: a buffer of the graphs' own. step: the greedy step to run after the

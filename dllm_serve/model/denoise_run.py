@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+Hook = Callable[[], None]  # device work queued before every denoise forward (no host sync)
+
 
 @dataclass
 class DenoiseRun:

@@ -32,7 +32,7 @@ from dllm_serve.layers.moe import set_moe_backend
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.buckets import prefill_budget
 from dllm_serve.model.config import ModelConfig
-from dllm_serve.model.denoise_run import DenoiseRun
+from dllm_serve.model.denoise_run import DenoiseRun, Hook
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import load_model, random_model
 from dllm_serve.utils.device import to_device
@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 CPU_MAX_KV_TOKENS = 262144
 Forward = Callable[[], torch.Tensor]  # -> logits (N * K, V) fp32, valid until the next call
-Hook = Callable[[], None]  # device work queued before every denoise forward (no host sync)
 
 
 @dataclass(frozen=True)
