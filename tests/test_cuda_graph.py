@@ -64,37 +64,28 @@ def test_fill_meta_pads_with_scratch_blocks() -> None:
     assert layout.tiles_view(buf, 4)[:, 3].tolist() == [4, 4, 4, 4]
 
 
-def test_meta_writer_patches_moved_segments_as_a_full_fill_would() -> None:
-    """Forwards with the previous bucket and segment lengths rewrite only the segments whose
-    slot or start moved; the buffer always equals a full fill_meta of the forward."""
-    layout = MetaLayout(max_blocks=16, block_size=4, tiles_per_block=2)
+def test_meta_writer_writes_what_a_full_fill_would_and_skips_repeats() -> None:
+    """Every write leaves the buffer equal to a full fill_meta of the forward; a repeat of the
+    last forward is reported unchanged (no copy), a prefill's (ids) never is."""
     rng = np.random.default_rng(0)
-    writer = MetaWriter(layout, tokens_per_tile=2, scratch_slot=30)
-    full = np.zeros(layout.size, dtype=np.int64)
-    counts = [1, 2, 1]
-    slots, starts = [4, 7, 9], [8, 0, 20]
-    patched = 0
-    for i in range(60):
-        if i % 15 == 14:  # the wavefront or a leaver: other segment lengths
-            counts = rng.integers(1, 3, size=int(rng.integers(1, 6))).tolist()
-            slots = rng.permutation(20)[:len(counts)].tolist()
-            starts = (4 * rng.integers(0, 50, size=len(counts))).tolist()
-        elif i % 5:  # blocks retire and the next open; a request takes a leaver's place
-            j = int(rng.integers(0, len(counts)))
-            starts[j] += 4 * counts[j]
-            if i % 3 == 0:
-                slots[j] = int(rng.integers(0, 20))
-        bucket = 16 if sum(counts) > 8 else 8
-        last = (writer.bucket, writer.counts.tolist(), writer.slots.tolist(),
-                writer.starts.tolist())
-        changed = writer.write(bucket, slots, starts, counts)
-        fill_meta(full, layout, bucket, slots, starts, counts, 2, 30)
-        assert np.array_equal(writer.host, full), i
-        same_shape = last[0] == bucket and last[1] == counts
-        patched += same_shape and changed
-        if same_shape:  # unchanged metadata is reported so (no copy)
-            assert changed == (last[2] != slots or last[3] != starts)
-    assert patched >= 30
+    for with_ids in (False, True):
+        layout = MetaLayout(max_blocks=16, block_size=4, tiles_per_block=2, with_ids=with_ids)
+        writer = MetaWriter(layout, tokens_per_tile=2, scratch_slot=30)
+        full = np.zeros(layout.size, dtype=np.int64)
+        counts, slots, starts = [1, 2, 1], [4, 7, 9], [8, 0, 20]
+        repeats = 0
+        for i in range(30):
+            if i % 3 == 1:  # a layout change (the same call again otherwise)
+                counts = rng.integers(1, 3, size=int(rng.integers(1, 6))).tolist()
+                slots = rng.permutation(20)[:len(counts)].tolist()
+                starts = (4 * rng.integers(0, 50, size=len(counts))).tolist()
+            bucket = 16 if sum(counts) > 8 else 8
+            ids = rng.integers(0, 99, 4 * sum(counts)) if with_ids else None
+            changed = writer.write(bucket, slots, starts, counts, ids)
+            fill_meta(full, layout, bucket, slots, starts, counts, 2, 30, ids)
+            assert np.array_equal(writer.host, full), i
+            repeats += not changed
+        assert repeats == (0 if with_ids else 19)  # all but the first write and 10 changes
 
 
 def runner_for(args: ServerArgs) -> tuple[ModelRunner, int]:

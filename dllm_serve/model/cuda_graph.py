@@ -2,7 +2,8 @@
 
 `BucketedForwards` owns the static metadata (graph_layout.py: written on the host by a
 `MetaWriter`, staged in the pinned ring of utils/device.py, one device buffer, one
-host-to-device copy per forward whose metadata changed) and one
+host-to-device copy per forward whose metadata changed; the worker's denoise forwards compute
+theirs on the device instead, model/denoise_graphs.py) and one
 `StaticForward` per bucket: a ForwardBatch over prefixes of the static buffers with a fixed
 attention plan, so each bucket launches the same kernels with the same arguments every time.
 `capture` records each bucket's work in a CUDA graph (largest bucket first, after warm-up runs

@@ -20,10 +20,9 @@ that prefix whole; what lies past it is never read by the bucket and may be anyt
   ids (T_max,)         token ids (prefill layouts only; pad tokens: the pad id)
   tiles (N_max * tiles_per_block, 5) int32, viewed in the int64 buffer: the attention tile
                        table (kernels/block_attention.plan_tiles), unused rows of length 0.
-`MetaWriter` keeps the host copy of one buffer and, when a forward has the previous one's
-bucket and segment lengths (the usual case while serving: a request's next block replaces its
-finished one, a request takes a leaver's place), rewrites only the segments whose request slot
-or start moved instead of the whole buffer.
+`MetaWriter` keeps the host copy of one buffer (prefills, and bucketed forwards run without the
+worker's row storage; the worker's denoise forwards compute theirs on the device from the rows,
+kernels/row_meta.py) and skips a write that would change nothing.
 """
 
 from __future__ import annotations
@@ -123,54 +122,25 @@ class MetaWriter:
     """The host copy of one metadata buffer and what it was last written with.
 
     Invariant: `host` holds exactly what fill_meta would write for the last (bucket, slots,
-    starts, num_blocks); a write with the same bucket and num_blocks (and no ids) rewrites the
-    segments whose slot or start differ (their tokens' positions and slots, their segment
-    entries, their tiles' start), any other write fills the buffer anew."""
+    starts, num_blocks, ids); a write of the same forward (no ids) changes nothing and says so
+    (the caller then copies nothing), any other write fills the buffer anew. The worker's
+    denoise forwards compute their metadata on the device (kernels/row_meta.py): this serves
+    prefills and the bucketed forwards used without the worker's row storage."""
 
     def __init__(self, layout: MetaLayout, tokens_per_tile: int, scratch_slot: int,
                  pad_id: int = 0) -> None:
         self.layout, self.tpt = layout, tokens_per_tile
         self.scratch_slot, self.pad_id = scratch_slot, pad_id
         self.host = np.zeros(layout.size, dtype=np.int64)
-        view = {f: self.host[layout.offset(f):] for f in ("positions", "token_slot", "seg_req",
-                                                          "seg_starts")}
-        self.positions, self.token_slot = view["positions"], view["token_slot"]
-        self.seg_req, self.seg_starts = view["seg_req"], view["seg_starts"]
-        self.tile_starts = self.host[layout.offset("tiles"):].view(np.int32)[2::TILE_FIELDS]
-        self.arange = np.arange(layout.max_tokens, dtype=np.int64)
-        # the last write: bucket, num_blocks, slots, starts (B,); per real segment its first
-        # token, token count, first tile and tile count (B,)
-        self.bucket = -1
-        self.counts = self.slots = self.starts = np.zeros(0, dtype=np.int64)
-        self.tok0 = self.lens = self.tile0 = self.tiles = self.counts
+        self.last: tuple[int, list[int], list[int], list[int]] | None = None
 
     def write(self, bucket: int, req_slots: list[int], first_starts: list[int],
               num_blocks: list[int], ids: np.ndarray | None = None) -> bool:
         """Bring `host` to this forward's metadata; False when it already was."""
-        slots = np.asarray(req_slots, dtype=np.int64)
-        starts = np.asarray(first_starts, dtype=np.int64)
-        counts = np.asarray(num_blocks, dtype=np.int64)
-        if ids is None and bucket == self.bucket and np.array_equal(counts, self.counts):
-            changed = np.flatnonzero((slots != self.slots) | (starts != self.starts))
-            self.slots, self.starts = slots, starts
-            for i in changed.tolist():
-                self._segment(i, int(slots[i]), int(starts[i]))
-            return len(changed) > 0
+        key = (bucket, list(req_slots), list(first_starts), list(num_blocks))
+        if ids is None and key == self.last:
+            return False
         fill_meta(self.host, self.layout, bucket, req_slots, first_starts, num_blocks, self.tpt,
                   self.scratch_slot, ids, self.pad_id)
-        self.bucket, self.counts, self.slots, self.starts = bucket, counts, slots, starts
-        self.lens = counts * self.layout.block_size
-        self.tok0 = np.cumsum(self.lens) - self.lens
-        self.tiles = -(-self.lens // self.tpt)
-        self.tile0 = np.cumsum(self.tiles) - self.tiles
-        self.bucket = -1 if ids is not None else bucket  # a prefill's ids change every time
+        self.last = None if ids is not None else key  # a prefill's ids change every time
         return True
-
-    def _segment(self, i: int, slot: int, start: int) -> None:
-        """Real segment i now belongs to `slot` and starts at `start`."""
-        t0, n = int(self.tok0[i]), int(self.lens[i])
-        np.add(self.arange[:n], start, out=self.positions[t0:t0 + n])
-        self.token_slot[t0:t0 + n] = slot
-        self.seg_req[i], self.seg_starts[i] = slot, start
-        f0 = int(self.tile0[i])
-        self.tile_starts[f0:f0 + int(self.tiles[i])] = start
