@@ -165,6 +165,8 @@ class RowStorage:
             return
         self.sent = False
         if self.all_state is not None and self.algo.graph_safe:  # before the count is zeroed
+            # fresh-state records are among the first `capacity`: write_rows stages the new
+            # blocks first (moves, freed rows and params after them)
             records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
             fresh = self.algo.init_step_state(records[:, RECORD_HEAD:])
             due = (self._rows_arange < self.inbox[0]) & ((records[:, 4] & FRESH_STATE) != 0)
