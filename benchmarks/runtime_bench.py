@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--suite", nargs="+", default=["default-model"],
                    choices=["default-model", "default-heldout", "mini-lognormal",
                             "mini-histogram"])
+    p.add_argument("--settings", nargs="+", default=None, choices=["fdfo", "sync", "fdfo-w2"],
+                   help="run only these settings of each suite (default: all)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 32, 64])
     p.add_argument("--w2-concurrency", type=int, nargs="+", default=[16])
@@ -216,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 yaml_path = str(tmp / f"{name}.yaml")
                 Path(yaml_path).write_text(suite.algorithm_yaml)
             for setting in suite.settings:
+                if ns.settings is not None and setting.name not in ns.settings:
+                    continue
                 kw = engine_kwargs(ns, suite, setting, model, yaml_path)
                 rows += run_setting(ns, suite, setting, kw, str(tmp / f"{name}_{setting.name}"))
     device = ns.device

@@ -79,6 +79,23 @@ def die_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def profiled(env: str, fn: Callable[..., None], *args: Any) -> None:
+    """fn(*args), under cProfile when $env names a path prefix: the stats go to PREFIX.<pid>
+    when fn returns or raises (SIGTERM included, where the process turns it into SystemExit).
+    A developer's view of a process loop's host time."""
+    prefix = os.environ.get(env)
+    if not prefix:
+        fn(*args)
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(fn, *args)
+    finally:
+        prof.dump_stats(f"{prefix}.{os.getpid()}")
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),

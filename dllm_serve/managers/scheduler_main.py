@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -29,12 +30,13 @@ from dllm_serve.managers.messages import (
     WorkerReady,
     WorkerReport,
 )
-from dllm_serve.managers.procs import die_with_parent, setup_logging
+from dllm_serve.managers.procs import die_with_parent, profiled, setup_logging
 from dllm_serve.managers.scheduler import Scheduler
 from dllm_serve.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
+PROFILE_ENV = "DLLM_SERVE_PROFILE_SCHEDULER"  # a cProfile of the event loop (procs.profiled)
 STRICT_MEM_CHECK = os.environ.get("DLLM_SERVE_STRICT_MEM_CHECK", "0") == "1"
 IDLE_WAIT_MS = 200
 BUSY_WAIT_MS = 20
@@ -54,7 +56,8 @@ def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
         ready = check_worker(worker_in.recv())
         scheduler = build_scheduler(cfg, ready)
         front_out.send(Ready({**scheduler.server_info(), **ready.info}))  # + "startup"
-        event_loop(scheduler, front_in, worker_in, front_out, worker_out)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
+        profiled(PROFILE_ENV, event_loop, scheduler, front_in, worker_in, front_out, worker_out)
         worker_out.send(Shutdown())
     except Exception:
         logger.exception("scheduler failed")

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import time
@@ -20,13 +19,13 @@ from dllm_serve.dllm.algorithms import build_algorithm
 from dllm_serve.engine_config import WorkerConfig
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import Shutdown, WorkerBatch, WorkerFailed, WorkerReady, WorkItem
-from dllm_serve.managers.procs import die_with_parent, setup_logging
+from dllm_serve.managers.procs import die_with_parent, profiled, setup_logging
 from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
-PROFILE_ENV = "DLLM_SERVE_PROFILE_WORKER"
+PROFILE_ENV = "DLLM_SERVE_PROFILE_WORKER"  # a cProfile of the loop (procs.profiled)
 
 
 def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
@@ -44,7 +43,7 @@ def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
                             {"startup": info}))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
         try:
-            profiled(loop, worker, rx, tx)
+            profiled(PROFILE_ENV, loop, worker, rx, tx)
         finally:  # a shutdown or the engine's stop: whatever the trace holds goes to its file
             if worker.tracer is not None:
                 worker.tracer.settle()
@@ -70,23 +69,6 @@ def loop(worker: Worker, rx: Receiver, tx: Sender) -> None:
         wait_s, phase_s = worker.take_host_split()
         if worker.tracer is not None and not worker.idle:
             worker.tracer.host(t0, t1, wait_s, phase_s)
-
-
-def profiled(fn, *args: Any) -> None:  # type: ignore[no-untyped-def]
-    """fn(*args), under cProfile when $DLLM_SERVE_PROFILE_WORKER names a path prefix (the stats
-    go to PREFIX.<pid> when the loop ends, the engine's stop included: a developer's view of
-    the worker's host time)."""
-    prefix = os.environ.get(PROFILE_ENV)
-    if not prefix:
-        fn(*args)
-        return
-    import cProfile
-
-    prof = cProfile.Profile()
-    try:
-        prof.runcall(fn, *args)
-    finally:
-        prof.dump_stats(f"{prefix}.{os.getpid()}")
 
 
 def unpack(msgs: list[object]) -> list[WorkItem] | None:
