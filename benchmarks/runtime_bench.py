@@ -16,8 +16,11 @@ once as warm-up, then --repeats timed runs of which the fastest is reported):
   on disk) and the benchmark-only algorithm benchmarks/scheduled_denoise.py: each block takes a
   forward count drawn from a lognormal (mean 12, spread 0.5, 2..32) or from the built-in model's
   measured histogram; 256 new tokens; FDFO and sync.
---prompts-per-slot P > 1 gives each run P x C prompts with at most C in flight (C client threads,
-each sending its next prompt when its last one finished): a queue, as a server sees it.
+--prompts-per-slot P > 1 gives each run P x C prompts with at most C in flight (C clients,
+each sending its next prompt when its last one finished): a queue, as a server sees it. The
+clients are coroutines in one event loop (Engine.async_generate); runs before 2026-12-02 used
+C client threads, whose contention for the interpreter lock in the engine's own process added
+milliseconds to every request's round trip (benchmarks/results/h200/runtime/README.md, run 26).
 Per run: output tokens/s, and from the worker's trace (benchmarks/trace_summary.py) the device's
 busy and idle shares of the run, mean forward time and host work per forward. The JSON keeps
 every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
@@ -26,11 +29,11 @@ every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,11 +159,24 @@ def best_run(ns: argparse.Namespace, engine: Any, trace: str, suite: Suite,
 
 def generate(engine: Any, prompts: list[str], params: dict[str, Any],
              c: int) -> list[dict[str, Any]]:
-    """All prompts, at most c in flight: one call when they fit, else c client threads."""
+    """All prompts, at most c in flight: one call when they fit, else c clients in one event
+    loop (Engine.async_generate), each sending its next prompt when its last one finished."""
     if len(prompts) <= c:
         return engine.generate(prompts, params)
-    with ThreadPoolExecutor(max_workers=c) as pool:
-        return list(pool.map(lambda p: engine.generate(p, params), prompts))
+    return asyncio.run(closed_loop(engine, prompts, params, c))
+
+
+async def closed_loop(engine: Any, prompts: list[str], params: dict[str, Any],
+                      c: int) -> list[dict[str, Any]]:
+    outs: list[dict[str, Any]] = [{} for _ in prompts]
+    todo = iter(range(len(prompts)))
+
+    async def client() -> None:
+        for i in todo:
+            outs[i] = await engine.async_generate(prompts[i], params)
+
+    await asyncio.gather(*(client() for _ in range(c)))
+    return outs
 
 
 def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any],

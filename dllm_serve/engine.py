@@ -9,9 +9,10 @@ It starts the same scheduler and worker processes as the server (over ZMQ), with
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import queue
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from dllm_serve.engine_config import EngineConfig
@@ -41,6 +42,43 @@ class Engine:
         only) an iterator yields one dict per committed block, `text` holding the new text.
         Invalid requests raise RequestError before anything runs.
         """
+        batch, requests = self._requests(prompt, sampling_params, input_ids, rid, stream)
+        if stream:
+            return self._stream(*requests[0])
+        waits = [self._submit(i, p, r) for i, p, r in requests]
+        results = [result_dict(_last(q)) for q in waits]
+        return results if batch or len(results) > 1 else results[0]
+
+    async def async_generate(self, prompt: str | list[str] | None = None,
+                             sampling_params: Params = None,
+                             input_ids: list[int] | list[list[int]] | None = None,
+                             rid: str | list[str] | None = None, stream: bool = False,
+                             ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[
+                                 dict[str, Any]]:
+        """`generate` for asyncio code (SGLang's `Engine.async_generate`): the same arguments
+        and results, awaited in the running event loop, so one thread can keep many requests
+        in flight. With stream=True it returns an async iterator of the per-block dicts.
+        Cancelling the await (or leaving the stream early) aborts the unfinished requests."""
+        batch, requests = self._requests(prompt, sampling_params, input_ids, rid, stream)
+        if stream:
+            return self._astream(*requests[0])
+        loop = asyncio.get_running_loop()
+        waits: list[tuple[str, _Updates]] = []
+        try:
+            for i, p, r in requests:
+                waits.append(self._asubmit(loop, i, p, r))
+            outs = [await _alast(q) for _, q in waits]
+        finally:
+            for r, q in waits:
+                if not q.finished:
+                    self.front.abort(r)
+        results = [result_dict(o) for o in outs]
+        return results if batch or len(results) > 1 else results[0]
+
+    def _requests(self, prompt: str | list[str] | None, sampling_params: Params,
+                  input_ids: list[int] | list[list[int]] | None, rid: str | list[str] | None,
+                  stream: bool) -> tuple[bool, list[tuple[list[int], SamplingParams, str | None]]]:
+        """(is it a batch, one (ids, params, rid) per engine request), each validated."""
         batch, prompts = normalize_prompts(prompt, input_ids)
         ids = [p if isinstance(p, list) else self.front.tokenize(p) for p in prompts]
         params = per_prompt_params(sampling_params, len(ids))
@@ -50,19 +88,41 @@ class Engine:
         requests = expand_n(ids, params, rids)
         for i, p, _ in requests:
             self.front.validate(i, p)
-        if stream:
-            if len(requests) > 1:
-                raise RequestError("stream=True takes a single prompt and n=1")
-            return self._stream(*requests[0])
-        waits = [self._submit(i, p, r) for i, p, r in requests]
-        results = [result_dict(_last(q)) for q in waits]
-        return results if batch or len(results) > 1 else results[0]
+        if stream and len(requests) > 1:
+            raise RequestError("stream=True takes a single prompt and n=1")
+        return batch, requests
 
     def _submit(self, ids: list[int], params: SamplingParams, rid: str | None,
                 ) -> queue.Queue[GenOutput]:
         q: queue.Queue[GenOutput] = queue.Queue()
         self.front.submit(ids, params, q.put, rid)
         return q
+
+    def _asubmit(self, loop: asyncio.AbstractEventLoop, ids: list[int], params: SamplingParams,
+                 rid: str | None) -> tuple[str, _Updates]:
+        """Submit; the updates arrive on the returned queue inside `loop`."""
+        q = _Updates()
+
+        def deliver(out: GenOutput) -> None:  # on the front's receiver thread
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, out)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        return self.front.submit(ids, params, deliver, rid), q
+
+    async def _astream(self, ids: list[int], params: SamplingParams, rid: str | None,
+                       ) -> AsyncIterator[dict[str, Any]]:
+        r, q = self._asubmit(asyncio.get_running_loop(), ids, params, rid)
+        try:
+            while True:
+                out = await q.get()
+                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+                if out.finished:
+                    return
+        finally:
+            if not q.finished:
+                self.front.abort(r)
 
     def _stream(self, ids: list[int], params: SamplingParams, rid: str | None,
                 ) -> Iterator[dict[str, Any]]:
@@ -151,6 +211,24 @@ def _parse(d: dict[str, Any] | None) -> SamplingParams:
 
 def _last(q: queue.Queue[GenOutput]) -> GenOutput:
     while not (out := q.get()).finished:
+        pass
+    return out
+
+
+class _Updates(asyncio.Queue[GenOutput]):
+    """A request's updates in the event loop; `finished` once its last one arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished = False
+
+    def put_nowait(self, out: GenOutput) -> None:
+        self.finished = self.finished or out.finished
+        super().put_nowait(out)
+
+
+async def _alast(q: _Updates) -> GenOutput:
+    while not (out := await q.get()).finished:
         pass
     return out
 

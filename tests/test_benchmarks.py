@@ -330,18 +330,19 @@ def test_moe_tune_smoke_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
-    """benchmarks/runtime_bench.py end to end (three engines of the built-in model): rows for
-    each setting, trace figures, and the FDFO / sync and W=2 / W=1 ratios."""
+    """benchmarks/runtime_bench.py end to end (three engines of the built-in model, two prompts
+    per client slot: the closed loop of coroutines): rows for each setting, trace figures, and
+    the FDFO / sync and W=2 / W=1 ratios."""
     from benchmarks import runtime_bench
 
     out = tmp_path / "runtime.json"
     result = runtime_bench.main(["--suite", "default-heldout", "--device", "cpu",
                                  "--w2-concurrency", "2", "--max-new-tokens", "32",
-                                 "--repeats", "1", "--out", str(out)])
+                                 "--prompts-per-slot", "2", "--repeats", "1", "--out", str(out)])
     assert json.loads(out.read_text())["runs"] == result["runs"]
     assert [r["setting"] for r in result["runs"]] == ["fdfo", "sync", "fdfo-w2"]
     for run in result["runs"]:
-        assert run["concurrency"] == 2 and run["output_tokens"] > 0
+        assert run["concurrency"] == 2 and run["prompts"] == 4 and run["output_tokens"] > 0
         assert run["forwards"] > 0 and 0 < run["busy_fraction"] <= 1.0
     assert set(result["fdfo_over_sync"]) == {"default-heldout C=2"}
     assert set(result["w2_over_w1"]) == {"default-heldout C=2"}

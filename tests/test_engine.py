@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import signal
@@ -65,6 +66,74 @@ def test_stream_matches_non_stream(engine: Engine) -> None:
     assert "".join(c["text"] for c in chunks) == full["text"]
     assert sum(len(c["output_ids"]) for c in chunks) == 70
     assert len(chunks) == 3 and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_async_generate_equals_generate(engine: Engine) -> None:
+    """One event loop keeps many requests in flight; results, batches and streams are those of
+    the blocking API (greedy decoding: identical outputs)."""
+    prompts = [f"async {i}" for i in range(12)]
+    params = [{"max_new_tokens": 5 + 7 * i, "ignore_eos": True} for i in range(12)]
+    blocking = engine.generate(prompts, params)
+
+    async def main() -> tuple[list, list, list, dict]:
+        singles = await asyncio.gather(*(engine.async_generate(p, q)
+                                         for p, q in zip(prompts, params, strict=True)))
+        batch = await engine.async_generate(prompts[:3], params[:3])
+        chunks = [c async for c in await engine.async_generate(prompts[5], params[5],
+                                                                 stream=True)]
+        by_ids = await engine.async_generate(input_ids=[5, 6, 7],
+                                             sampling_params={"max_new_tokens": 2})
+        return singles, batch, chunks, by_ids
+
+    singles, batch, chunks, by_ids = asyncio.run(main())
+    ids = [o["output_ids"] for o in blocking]
+    assert [o["output_ids"] for o in singles] == ids
+    assert [o["output_ids"] for o in batch] == ids[:3]
+    assert [t for c in chunks for t in c["output_ids"]] == ids[5]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert by_ids["meta_info"]["prompt_tokens"] == 3
+    assert_pools_whole(engine)
+
+
+def test_async_generate_cancelled_or_left_early_aborts(engine: Engine, monkeypatch) -> None:
+    """A cancelled await and a stream left after its first block abort their requests (each
+    ends with an abort, not its 2000 tokens): the pools are whole again, and a bad request
+    raises before anything runs."""
+    long = {"max_new_tokens": 2000, "ignore_eos": True}
+    endings: dict[str, str] = {}
+    submit = engine.front.submit
+
+    def spy(ids, params, callback, rid=None):  # type: ignore[no-untyped-def]
+        def seen(out) -> None:  # type: ignore[no-untyped-def]
+            if out.finished:
+                endings[out.rid] = out.finish_reason["type"]
+            callback(out)
+
+        return submit(ids, params, seen, rid)
+
+    monkeypatch.setattr(engine.front, "submit", spy)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(engine.async_generate(["cancel me", "me too"], long))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stream = await engine.async_generate("leave me", long, stream=True)
+        async for chunk in stream:
+            assert chunk["output_ids"]
+            break
+        await stream.aclose()
+        with pytest.raises(RequestError, match="empty"):
+            await engine.async_generate("", {"max_new_tokens": 4})
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 60
+    while engine.front.num_pending() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.front.num_pending() == 0
+    assert sorted(endings.values()) == ["abort"] * 3
+    assert_pools_whole(engine)
 
 
 def test_abort_mid_generation_frees_everything(engine: Engine) -> None:
