@@ -19,8 +19,9 @@ once as warm-up, then --repeats timed runs of which the fastest is reported):
 --prompts-per-slot P > 1 gives each run P x C prompts with at most C in flight (C clients,
 each sending its next prompt when its last one finished): a queue, as a server sees it. The
 clients are coroutines in one event loop (Engine.async_generate); runs before 2026-12-02 used
-C client threads, whose contention for the interpreter lock in the engine's own process added
-milliseconds to every request's round trip (benchmarks/results/h200/runtime/README.md, run 26).
+C client threads (--clients threads), whose contention for the interpreter lock in the
+engine's own process added milliseconds to every request's round trip
+(benchmarks/results/h200/runtime/README.md, run 26).
 Per run: output tokens/s, and from the worker's trace (benchmarks/trace_summary.py) the device's
 busy and idle shares of the run, mean forward time and host work per forward. The JSON keeps
 every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
@@ -34,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             "mini-histogram"])
     p.add_argument("--settings", nargs="+", default=None, choices=["fdfo", "sync", "fdfo-w2"],
                    help="run only these settings of each suite (default: all)")
+    p.add_argument("--clients", default="async", choices=["async", "threads"],
+                   help="the closed loop's clients: coroutines in one event loop (default), or "
+                   "C threads calling Engine.generate (the runs before 2026-12-02)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 32, 64])
     p.add_argument("--w2-concurrency", type=int, nargs="+", default=[16])
@@ -150,19 +155,23 @@ def best_run(ns: argparse.Namespace, engine: Any, trace: str, suite: Suite,
     tokens = ns.max_new_tokens or suite.max_new_tokens
     params = {"max_new_tokens": tokens, "ignore_eos": suite.ignore_eos, "temperature": 0.0}
     prompts = gsm8k_questions(c * ns.prompts_per_slot, suite.data_path, seed=c)
-    generate(engine, prompts, params, c)  # warm-up: the measured call itself
-    runs = [timed(engine, trace, prompts, params, c) for _ in range(ns.repeats)]
+    generate(engine, prompts, params, c, ns.clients)  # warm-up: the measured call itself
+    runs = [timed(engine, trace, prompts, params, c, ns.clients) for _ in range(ns.repeats)]
     best = max(runs, key=lambda r: r["output_tokens_per_s"])
     return {"concurrency": c, "prompts": len(prompts), **best,
             "tok_s_repeats": [r["output_tokens_per_s"] for r in runs]}
 
 
-def generate(engine: Any, prompts: list[str], params: dict[str, Any],
-             c: int) -> list[dict[str, Any]]:
-    """All prompts, at most c in flight: one call when they fit, else c clients in one event
-    loop (Engine.async_generate), each sending its next prompt when its last one finished."""
+def generate(engine: Any, prompts: list[str], params: dict[str, Any], c: int,
+             clients: str = "async") -> list[dict[str, Any]]:
+    """All prompts, at most c in flight: one call when they fit, else c clients, each sending
+    its next prompt when its last one finished: coroutines in one event loop
+    (Engine.async_generate), or with clients="threads" c threads calling Engine.generate."""
     if len(prompts) <= c:
         return engine.generate(prompts, params)
+    if clients == "threads":
+        with ThreadPoolExecutor(max_workers=c) as pool:
+            return list(pool.map(lambda p: engine.generate(p, params), prompts))
     return asyncio.run(closed_loop(engine, prompts, params, c))
 
 
@@ -180,10 +189,10 @@ async def closed_loop(engine: Any, prompts: list[str], params: dict[str, Any],
 
 
 def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any],
-          c: int) -> dict[str, Any]:
+          c: int, clients: str) -> dict[str, Any]:
     before = engine.get_server_info()["stats"]
     start = time.monotonic()
-    outs = generate(engine, prompts, params, c)
+    outs = generate(engine, prompts, params, c, clients)
     end = time.monotonic()
     after = engine.get_server_info()["stats"]
     time.sleep(0.3)  # the worker writes its last trace records once it is idle
