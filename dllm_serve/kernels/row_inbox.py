@@ -9,7 +9,8 @@ Inbox layout: [count, record 0, record 1, ...], each record RECORD_HEAD + K int6
   row, request, start, seed, flags, ids[K]
 flags: HAS_IDS (the record carries the block's ids), FRESH_STATE (the algorithm's fresh state
 is due for the row; applied by RowStorage, not here), MOVED (the row takes the block of row
-ids[0], the *source*: a layout that closes its holes moves its last rows into them), PARAMS
+ids[0], the *source*: a layout that closes its holes moves its last rows into them; its state
+is moved by RowStorage, in the same forward), PARAMS
 (not a row: the per-request params of request key `row` are ids[0:P], each a float32's bits as
 a signed int32; the record's other fields are unused).
 `apply_rows`: for each of the first `count` records rows_meta[:, row] = (request, start, seed),

@@ -74,7 +74,6 @@ class RowStorage:
         self.staged = np.zeros(1 + records * self.width, dtype=np.int64)  # its host copy
         self.records = self.staged[1:].reshape(records, self.width)
         self.pending = 0  # records staged and not yet copied
-        self.moves = (0, 0)  # the staged records that are moves: [first, end)
         self.sent = False  # a copy not yet applied by an eager apply_staged
         self._rows_arange = torch.arange(capacity, device=device)
         if device.type == "cuda":  # compile the apply kernel now (nothing staged: a no-op)
@@ -117,10 +116,11 @@ class RowStorage:
             rec[:j, RECORD_HEAD:] = ids
             rec[carried, 4] = HAS_IDS
         moved = 0 if sources is None else len(sources)
+        assert j + moved <= self.capacity  # apply_staged looks for them there
         if moved:
             rec[j:j + moved, 4] = MOVED
             rec[j:j + moved, RECORD_HEAD] = sources
-        self.pending, self.moves = m, (j, j + moved)
+        self.pending = m
         if carried and self.state is not None:
             self._write_carried(at[carried], ids[carried], [states[i] for i in carried])
 
@@ -143,19 +143,6 @@ class RowStorage:
         self.staged[0] = self.pending
         copy_to_device(self.inbox[:n], self.staged[:n])
         self.pending, self.sent = 0, True
-        if self.moves[1] > self.moves[0] and self.state is not None:
-            self._move_state(*self.moves)
-        self.moves = (0, 0)
-
-    def _move_state(self, first: int, end: int) -> None:
-        """The state of the moves in records [first, end) of the inbox just copied: each
-        target row takes its source's (device ops reading the inbox, queued before the
-        forward that applies the ids; targets and sources are disjoint)."""
-        assert self.state is not None
-        records = self.inbox[1:1 + end * self.width].view(end, self.width)[first:]
-        target, source = records[:, 0], records[:, RECORD_HEAD]
-        for value in self.state.values():
-            value.index_copy_(0, target, value.index_select(0, source))
 
     def apply_staged(self) -> None:
         """Apply the inbox on the device (the runner's hook before each denoise forward; no
@@ -164,19 +151,38 @@ class RowStorage:
         if not (self.sent or capturing):
             return
         self.sent = False
-        if self.all_state is not None and self.algo.graph_safe:  # before the count is zeroed
-            # fresh-state records are among the first `capacity`: write_rows stages the new
-            # blocks first (moves, freed rows and params after them)
+        if self.all_state is not None:  # before apply_rows zeroes the count
+            # the records of new blocks and moves are among the first `capacity`: write_rows
+            # stages them first (freed rows and params after them)
             records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
-            fresh = self.algo.init_step_state(records[:, RECORD_HEAD:])
-            due = (self._rows_arange < self.inbox[0]) & ((records[:, 4] & FRESH_STATE) != 0)
-            rows = torch.where(due, records[:, 0], self.capacity)
-            for key, value in (fresh or {}).items():
-                self.all_state[key].index_copy_(0, rows, value)
+            staged = self._rows_arange < self.inbox[0]
+            self._move_state(records, staged)
+            if self.algo.graph_safe:
+                self._fresh_state(records, staged)
         if self.device.type == "cuda":
             apply_rows(self.inbox, self.all_ids, self.all_meta, self.params)
         else:
             apply_rows_reference(self.inbox, self.all_ids, self.all_meta, self.params)
+
+    def _move_state(self, records: torch.Tensor, staged: torch.Tensor) -> None:
+        """Each MOVED record's row takes its source row's state (the scratch row takes the
+        other records'). Sources are never targets of the same write, so the order of the
+        copies does not matter; the ids move in apply_rows."""
+        assert self.all_state is not None
+        moved = staged & ((records[:, 4] & MOVED) != 0)
+        target = torch.where(moved, records[:, 0], self.capacity)
+        source = torch.where(moved, records[:, RECORD_HEAD], self.capacity)
+        for value in self.all_state.values():
+            value.index_copy_(0, target, value.index_select(0, source))
+
+    def _fresh_state(self, records: torch.Tensor, staged: torch.Tensor) -> None:
+        """Rows of FRESH_STATE records := the algorithm's fresh state for their ids."""
+        assert self.all_state is not None
+        fresh = self.algo.init_step_state(records[:, RECORD_HEAD:])
+        due = staged & ((records[:, 4] & FRESH_STATE) != 0)
+        rows = torch.where(due, records[:, 0], self.capacity)
+        for key, value in (fresh or {}).items():
+            self.all_state[key].index_copy_(0, rows, value)
 
     def write_params(self, at: np.ndarray, params: np.ndarray) -> None:
         """Request keys `at` (M,) := per-request params (P, M), staged after the rows (one
