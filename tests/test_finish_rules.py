@@ -78,3 +78,42 @@ def test_min_new_tokens_through_scheduler_and_worker() -> None:
     assert outs["a"][-1].completion_tokens == 6
     assert outs["a"][-1].finish_reason == {"type": "stop", "matched": 14}
     assert outs["b"][-1].completion_tokens == 1
+
+
+def token_by_token(checker: FinishChecker, r: Req, tokens: list[int]) -> list[int]:
+    """The finish rules one token at a time, as the module docstring states them (the
+    oracle of the vectorised commit)."""
+    p, added = r.params, []
+    for t in tokens:
+        r.output_ids.append(t)
+        added.append(t)
+        n = len(r.output_ids)
+        stop = n >= p.min_new_tokens and (
+            (t in checker.eos_ids and not p.ignore_eos) or t in p.stop_token_ids)
+        r.finish_reason = ({"type": "stop", "matched": t} if stop else
+                           {"type": "length", "length": p.max_new_tokens}
+                           if n >= p.max_new_tokens else None)
+        if r.finish_reason is not None:
+            break
+    return added
+
+
+def test_commit_equals_the_rules_token_by_token() -> None:
+    """Random blocks of EOS, stop ids and other tokens, committed in turns until the request
+    finishes, with random max / min_new_tokens, ignore_eos and stop ids: the same tokens and
+    the same finish as the token-by-token rules."""
+    rng = np.random.default_rng(0)
+    checker = FinishChecker({EOS, 99}, None)
+    for _ in range(2000):
+        max_new = int(rng.integers(1, 40))
+        params = {"max_new_tokens": max_new, "min_new_tokens": int(rng.integers(0, max_new + 1)),
+                  "ignore_eos": bool(rng.random() < 0.3),
+                  "stop_token_ids": [int(t) for t in rng.choice([5, 6, 7], rng.integers(0, 3))]}
+        fast, slow = req(**params), req(**params)
+        while not fast.finished:
+            block = rng.choice([1, 2, 3, 5, 6, 7, EOS, 99], size=int(rng.integers(1, 9)),
+                               p=[0.3, 0.2, 0.2, 0.06, 0.06, 0.06, 0.06, 0.06]).tolist()
+            assert commit(checker, fast, block) == token_by_token(checker, slow, block)
+            assert fast.output_ids == slow.output_ids
+            assert fast.finish_reason == slow.finish_reason
+        assert slow.finished and len(fast.output_ids) <= max_new

@@ -41,11 +41,9 @@ class FinishChecker:
     def commit(self, req: Req, new_tokens: np.ndarray) -> np.ndarray:
         """Append new_tokens to req.output_ids up to the first finish; return what was added."""
         start = len(req.output_ids)
-        for t in new_tokens.tolist():
-            req.output_ids.append(t)
-            req.finish_reason = self._token_finish(req, t)
-            if req.finish_reason is not None:
-                break
+        if len(new_tokens):
+            end, req.finish_reason = self._token_finish(req, new_tokens)
+            req.output_ids.extend(new_tokens[:end].tolist())
         if (req.params.stop or req.params.stop_regex) and self.decode is not None:
             try:
                 self._stop_strings(req, start)
@@ -57,15 +55,28 @@ class FinishChecker:
                                f"(runaway backtracking): simplify the pattern"}
         return np.asarray(req.output_ids[start:], dtype=np.int64)
 
-    def _token_finish(self, req: Req, token: int) -> dict | None:
-        params = req.params
-        if len(req.output_ids) < params.min_new_tokens:  # EOS / stop tokens do not count yet
-            return _length(req)
-        if token in self.eos_ids and not params.ignore_eos:
-            return {"type": "stop", "matched": token}
-        if token in params.stop_token_ids:
-            return {"type": "stop", "matched": token}
-        return _length(req)
+    def _token_finish(self, req: Req, tokens: np.ndarray) -> tuple[int, dict | None]:
+        """(how many of tokens (T,) >= 1 join the output, the finish they reach): they end
+        at the first one that finishes, in order: EOS (unless ignore_eos) or a stop token id
+        once the output holds min_new_tokens, then max_new_tokens reached. At least one
+        joins."""
+        params, before = req.params, len(req.output_ids)
+        # token i makes the output before + i + 1 long
+        at_length = max(0, params.max_new_tokens - before - 1)
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= self.eos_ids
+        counted = tokens[max(0, params.min_new_tokens - before - 1):]
+        hit = np.zeros(len(counted), dtype=bool)
+        for s in stops:
+            hit |= counted == s
+        first = np.flatnonzero(hit)
+        if len(first) and len(tokens) - len(counted) + int(first[0]) <= at_length:
+            i = len(tokens) - len(counted) + int(first[0])
+            return i + 1, {"type": "stop", "matched": int(tokens[i])}
+        if at_length < len(tokens):
+            return at_length + 1, {"type": "length", "length": params.max_new_tokens}
+        return len(tokens), None
 
     def _stop_strings(self, req: Req, start: int) -> None:
         """Finish at the first stop string or regex match that ends inside the tokens added
@@ -80,11 +91,6 @@ class FinishChecker:
                 del req.output_ids[n:]
                 req.finish_reason = {"type": "stop", "matched": hit[1]}
                 return
-
-
-def _length(req: Req) -> dict | None:
-    limit = req.params.max_new_tokens
-    return {"type": "length", "length": limit} if len(req.output_ids) >= limit else None
 
 
 def _find(text: str, stops: list[str], regexes: list[str]) -> tuple[int, str] | None:
