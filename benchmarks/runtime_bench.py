@@ -5,7 +5,9 @@
     python benchmarks/runtime_bench.py --suite default-model --device cpu --concurrency 16
 
 Suites (each setting is one Engine; per concurrency C, C prompts run at once, the measured call
-once as warm-up, then --repeats timed runs of which the fastest is reported):
+once as warm-up, then --repeats timed runs of which the fastest is reported; with --interleave
+all of a suite's engines are up at once and their timed runs take turns, so a drift of the
+host's speed during the run moves every setting alike):
 - default-model: the built-in model (its weights), LowConfidence, EOS honoured, 128 new tokens,
   GSM8K questions; FDFO and sync at W=1, and FDFO at W=2 (at the W=2 concurrencies).
 - default-heldout: the same model on what it was trained for (held-out arithmetic word
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,7 @@ from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
 
 PLUGIN = "benchmarks.scheduled_denoise:ScheduledDenoise"
 HISTOGRAM = Path(__file__).parent / "data" / "default_model_block_forwards.json"
+DEFAULT_CONTEXT = 4096  # the built-in model's context length
 HELDOUT = Path(__file__).parent / "results" / "default_model" / "heldout_seed7_256.jsonl"
 
 
@@ -99,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             "mini-histogram"])
     p.add_argument("--settings", nargs="+", default=None, choices=["fdfo", "sync", "fdfo-w2"],
                    help="run only these settings of each suite (default: all)")
+    p.add_argument("--interleave", action="store_true",
+                   help="start all of a suite's engines at once and let their timed runs take "
+                   "turns (default: one engine after another)")
     p.add_argument("--clients", default="async", choices=["async", "threads"],
                    help="the closed loop's clients: coroutines in one event loop (default), or "
                    "C threads calling Engine.generate (the runs before 2026-12-02)")
@@ -128,38 +135,70 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
         kw.update(model_path=model, load_format="dummy", dllm_algorithm=PLUGIN,
                   dllm_algorithm_config=yaml_path, context_length=1024,
                   max_total_tokens=(mrr + 1) * 1024)
+    elif ns.interleave:  # engines side by side: a KV pool of their own size, not a GPU share
+        kw.update(max_total_tokens=(mrr + 1) * DEFAULT_CONTEXT)
     return kw
 
 
-def run_setting(ns: argparse.Namespace, suite: Suite, setting: Setting, kw: dict[str, Any],
-                trace: str) -> list[dict[str, Any]]:
-    from dllm_serve import Engine
+@dataclass
+class Opened:
+    engine: Any
+    trace: str  # its worker's trace file
+    startup_s: float
+    warmup_s: float
 
-    os.environ[TRACE_ENV] = trace
-    t0 = time.monotonic()
-    rows = []
-    with Engine(**kw) as engine:
-        startup = time.monotonic() - t0
-        warmup = engine.get_server_info().get("startup", {}).get("warmup_s", 0.0)
-        for c in setting.concurrency:
-            row = best_run(ns, engine, trace, suite, c)
-            rows.append({"suite": suite.name, "setting": setting.name, "startup_s": startup,
-                         "warmup_s": warmup, **row})
-            print_row(rows[-1])
-    del os.environ[TRACE_ENV]
+
+def run_suite(ns: argparse.Namespace, suite: Suite, settings: list[Setting],
+              kws: dict[str, dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+    """Each setting's engine measured at its concurrencies: one engine after another, or with
+    --interleave all at once, their timed runs taking turns (a host whose speed drifts
+    during the run then shifts every setting alike, not the ratios)."""
+    groups = [settings] if ns.interleave else [[s] for s in settings]
+    rows: list[dict[str, Any]] = []
+    for group in groups:
+        with ExitStack() as stack:
+            opened = {s.name: open_engine(stack, kws[s.name], str(tmp / f"{suite.name}_{s.name}"))
+                      for s in group}
+            for c in sorted({c for s in group for c in s.concurrency}):
+                here = {s.name: opened[s.name] for s in group if c in s.concurrency}
+                rows += measure(ns, suite, here, c)
     return rows
 
 
-def best_run(ns: argparse.Namespace, engine: Any, trace: str, suite: Suite,
-             c: int) -> dict[str, Any]:
+def open_engine(stack: ExitStack, kw: dict[str, Any], trace: str) -> Opened:
+    from dllm_serve import Engine
+
+    os.environ[TRACE_ENV] = trace  # read by the worker when it starts
+    t0 = time.monotonic()
+    engine = stack.enter_context(Engine(**kw))
+    startup = time.monotonic() - t0
+    del os.environ[TRACE_ENV]
+    warmup = engine.get_server_info().get("startup", {}).get("warmup_s", 0.0)
+    return Opened(engine, trace, startup, warmup)
+
+
+def measure(ns: argparse.Namespace, suite: Suite, engines: dict[str, Opened],
+            c: int) -> list[dict[str, Any]]:
+    """Per engine: the measured call once as warm-up, then --repeats timed runs (the engines
+    take turns); the fastest is reported, with every run's tokens/s."""
     tokens = ns.max_new_tokens or suite.max_new_tokens
     params = {"max_new_tokens": tokens, "ignore_eos": suite.ignore_eos, "temperature": 0.0}
     prompts = gsm8k_questions(c * ns.prompts_per_slot, suite.data_path, seed=c)
-    generate(engine, prompts, params, c, ns.clients)  # warm-up: the measured call itself
-    runs = [timed(engine, trace, prompts, params, c, ns.clients) for _ in range(ns.repeats)]
-    best = max(runs, key=lambda r: r["output_tokens_per_s"])
-    return {"concurrency": c, "prompts": len(prompts), **best,
-            "tok_s_repeats": [r["output_tokens_per_s"] for r in runs]}
+    for o in engines.values():
+        generate(o.engine, prompts, params, c, ns.clients)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for _ in range(ns.repeats):
+        for name, o in engines.items():
+            runs[name].append(timed(o.engine, o.trace, prompts, params, c, ns.clients))
+    rows = []
+    for name, done in runs.items():
+        best = max(done, key=lambda r: r["output_tokens_per_s"])
+        o = engines[name]
+        rows.append({"suite": suite.name, "setting": name, "startup_s": o.startup_s,
+                     "warmup_s": o.warmup_s, "concurrency": c, "prompts": len(prompts), **best,
+                     "tok_s_repeats": [r["output_tokens_per_s"] for r in done]})
+        print_row(rows[-1])
+    return rows
 
 
 def generate(engine: Any, prompts: list[str], params: dict[str, Any], c: int,
@@ -242,11 +281,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if suite.algorithm_yaml is not None:
                 yaml_path = str(tmp / f"{name}.yaml")
                 Path(yaml_path).write_text(suite.algorithm_yaml)
-            for setting in suite.settings:
-                if ns.settings is not None and setting.name not in ns.settings:
-                    continue
-                kw = engine_kwargs(ns, suite, setting, model, yaml_path)
-                rows += run_setting(ns, suite, setting, kw, str(tmp / f"{name}_{setting.name}"))
+            chosen = [s for s in suite.settings if ns.settings is None or s.name in ns.settings]
+            kws = {s.name: engine_kwargs(ns, suite, s, model, yaml_path) for s in chosen}
+            rows += run_suite(ns, suite, chosen, kws, tmp)
     device = ns.device
     if device == "cuda":
         import torch

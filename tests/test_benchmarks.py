@@ -330,20 +330,27 @@ def test_moe_tune_smoke_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
-    """benchmarks/runtime_bench.py end to end (three engines of the built-in model, two prompts
-    per client slot: the closed loop of coroutines): rows for each setting, trace figures, and
-    the FDFO / sync and W=2 / W=1 ratios."""
+    """benchmarks/runtime_bench.py end to end (three engines of the built-in model, up at once
+    with their runs taking turns; two prompts per client slot: the closed loop of coroutines):
+    rows for each setting, each from its own engine's trace, and the FDFO / sync and W=2 / W=1
+    ratios."""
     from benchmarks import runtime_bench
 
     out = tmp_path / "runtime.json"
     result = runtime_bench.main(["--suite", "default-heldout", "--device", "cpu",
                                  "--w2-concurrency", "2", "--max-new-tokens", "32",
-                                 "--prompts-per-slot", "2", "--repeats", "1", "--out", str(out)])
+                                 "--prompts-per-slot", "2", "--repeats", "2", "--interleave",
+                                 "--out", str(out)])
     assert json.loads(out.read_text())["runs"] == result["runs"]
     assert [r["setting"] for r in result["runs"]] == ["fdfo", "sync", "fdfo-w2"]
     for run in result["runs"]:
         assert run["concurrency"] == 2 and run["prompts"] == 4 and run["output_tokens"] > 0
         assert run["forwards"] > 0 and 0 < run["busy_fraction"] <= 1.0
+        assert len(run["tok_s_repeats"]) == 2 and run["output_tokens_per_s"] == max(
+            run["tok_s_repeats"])
+    # each engine traced its own forwards: W=2 keeps more rows busy than W=1 does
+    by = {r["setting"]: r for r in result["runs"]}
+    assert by["fdfo-w2"]["rows_mean"] > by["fdfo"]["rows_mean"]
     assert set(result["fdfo_over_sync"]) == {"default-heldout C=2"}
     assert set(result["w2_over_w1"]) == {"default-heldout C=2"}
 
