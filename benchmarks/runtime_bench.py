@@ -20,7 +20,7 @@ host's speed during the run moves every setting alike):
   measured histogram; 256 new tokens; FDFO and sync.
 --prompts-per-slot P > 1 gives each run P x C prompts with at most C in flight (C clients,
 each sending its next prompt when its last one finished): a queue, as a server sees it. The
-clients are coroutines in one event loop (Engine.async_generate); runs before 2026-12-02 used
+clients are coroutines in one event loop (Engine.async_generate); runs before run 28 used
 C client threads (--clients threads), whose contention for the interpreter lock in the
 engine's own process added milliseconds to every request's round trip
 (benchmarks/results/h200/runtime/README.md, run 26).
@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "turns (default: one engine after another)")
     p.add_argument("--clients", default="async", choices=["async", "threads"],
                    help="the closed loop's clients: coroutines in one event loop (default), or "
-                   "C threads calling Engine.generate (the runs before 2026-12-02)")
+                   "C threads calling Engine.generate (the H200 runs before run 28)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 32, 64])
     p.add_argument("--w2-concurrency", type=int, nargs="+", default=[16])
