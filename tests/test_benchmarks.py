@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +371,47 @@ def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     assert all(r["finished"] == r["requests"] == 16 and r["forwards"] > 0 for r in rows)
     assert by_mode["fdfo"]["layout_ops_per_forward"] > 3 * by_mode["sync"]["layout_ops_per_forward"]
     assert by_mode["sync"]["layout_ops_per_forward"] > 0
+
+
+class CountingEngine:
+    """Answers each prompt with itself, counting how many requests are in flight at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def _enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+    def generate(self, prompt, params):  # type: ignore[no-untyped-def]
+        if isinstance(prompt, list):
+            return [{"text": p} for p in prompt]
+        self._enter()
+        time.sleep(0.002)
+        self._leave()
+        return {"text": prompt}
+
+    async def async_generate(self, prompt, params):  # type: ignore[no-untyped-def]
+        self._enter()
+        await asyncio.sleep(0.002)
+        self._leave()
+        return {"text": prompt}
+
+
+@pytest.mark.parametrize("clients", ["async", "threads"])
+def test_runtime_bench_closed_loop_keeps_c_in_flight(clients: str) -> None:
+    """runtime_bench's closed loop: every prompt answered, in prompt order, with exactly C
+    requests in flight at the most (coroutines or threads alike)."""
+    from benchmarks.runtime_bench import generate
+
+    engine = CountingEngine()
+    prompts = [f"p{i}" for i in range(40)]
+    outs = generate(engine, prompts, {}, 4, clients)
+    assert [o["text"] for o in outs] == prompts
+    assert engine.most == 4 and engine.now == 0
