@@ -39,7 +39,8 @@ class Engine:
 
         Each result has `text`, `output_ids` and `meta_info` (id, finish_reason, prompt_tokens,
         completion_tokens, forward_steps, blocks, e2e_latency). With stream=True (one prompt
-        only) an iterator yields one dict per committed block, `text` holding the new text.
+        only) an iterator yields one dict per committed block, `text` holding the new text;
+        closing it early aborts the request.
         Invalid requests raise RequestError before anything runs.
         """
         batch, requests = self._requests(prompt, sampling_params, input_ids, rid, stream)
@@ -126,12 +127,17 @@ class Engine:
 
     def _stream(self, ids: list[int], params: SamplingParams, rid: str | None,
                 ) -> Iterator[dict[str, Any]]:
-        q = self._submit(ids, params, rid)
-        while True:
-            out = q.get()
-            yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
-            if out.finished:
-                return
+        q: queue.Queue[GenOutput] = queue.Queue()
+        r = self.front.submit(ids, params, q.put, rid)
+        finished = False
+        try:
+            while not finished:
+                out = q.get()
+                finished = out.finished
+                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+        finally:  # left early (closed, collected): the engine frees the request's slot and KV
+            if not finished:
+                self.front.abort(r)
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
         self.front.abort(rid, abort_all)

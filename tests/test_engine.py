@@ -95,11 +95,8 @@ def test_async_generate_equals_generate(engine: Engine) -> None:
     assert_pools_whole(engine)
 
 
-def test_async_generate_cancelled_or_left_early_aborts(engine: Engine, monkeypatch) -> None:
-    """A cancelled await and a stream left after its first block abort their requests (each
-    ends with an abort, not its 2000 tokens): the pools are whole again, and a bad request
-    raises before anything runs."""
-    long = {"max_new_tokens": 2000, "ignore_eos": True}
+def watch_endings(engine: Engine, monkeypatch) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """rid -> the finish reason's type of each request submitted from now on, once it ends."""
     endings: dict[str, str] = {}
     submit = engine.front.submit
 
@@ -112,6 +109,35 @@ def test_async_generate_cancelled_or_left_early_aborts(engine: Engine, monkeypat
         return submit(ids, params, seen, rid)
 
     monkeypatch.setattr(engine.front, "submit", spy)
+    return endings
+
+
+def wait_idle(engine: Engine) -> None:
+    deadline = time.monotonic() + 60
+    while engine.front.num_pending() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.front.num_pending() == 0
+
+
+def test_stream_left_early_aborts(engine: Engine, monkeypatch) -> None:
+    """Closing generate's stream after its first block aborts the request (an abort, not its
+    2000 tokens) and frees its slot and pages."""
+    endings = watch_endings(engine, monkeypatch)
+    stream = engine.generate("leave me", {"max_new_tokens": 2000, "ignore_eos": True},
+                             stream=True)
+    assert next(stream)["output_ids"]
+    stream.close()
+    wait_idle(engine)
+    assert list(endings.values()) == ["abort"]
+    assert_pools_whole(engine)
+
+
+def test_async_generate_cancelled_or_left_early_aborts(engine: Engine, monkeypatch) -> None:
+    """A cancelled await and a stream left after its first block abort their requests (each
+    ends with an abort, not its 2000 tokens): the pools are whole again, and a bad request
+    raises before anything runs."""
+    long = {"max_new_tokens": 2000, "ignore_eos": True}
+    endings = watch_endings(engine, monkeypatch)
 
     async def main() -> None:
         task = asyncio.ensure_future(engine.async_generate(["cancel me", "me too"], long))
@@ -128,10 +154,7 @@ def test_async_generate_cancelled_or_left_early_aborts(engine: Engine, monkeypat
             await engine.async_generate("", {"max_new_tokens": 4})
 
     asyncio.run(main())
-    deadline = time.monotonic() + 60
-    while engine.front.num_pending() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert engine.front.num_pending() == 0
+    wait_idle(engine)
     assert sorted(endings.values()) == ["abort"] * 3
     assert_pools_whole(engine)
 
