@@ -81,13 +81,11 @@ class DeviceReq:
 @dataclass
 class Columns:
     """Per row of a layout (N of them, host lists): what the forward and the step read of its
-    block and request (counts: 1 each, offsets: 0..N, the forward's segments). A patch copies
-    them and rewrites only the rows that changed."""
+    block and request (each row is a segment of one block). A patch copies them and rewrites
+    only the rows that changed."""
 
     slots: list[int]
     first_starts: list[int]
-    counts: list[int]
-    offsets: list[int]  # (N + 1,)
     temperatures: list[float]
     top_ps: list[float]
     seeds: list[int]
@@ -96,9 +94,7 @@ class Columns:
 
     @staticmethod
     def of(reqs: list[DeviceReq], rows: list[Block]) -> Columns:
-        n = len(rows)
-        return Columns([r.slot for r in reqs], [b.start for b in rows], [1] * n,
-                       list(range(n + 1)),
+        return Columns([r.slot for r in reqs], [b.start for b in rows],
                        *([getattr(r.settings, name) for r in reqs] for _, name in SETTING_COLUMNS))
 
     def copy(self) -> Columns:
@@ -113,22 +109,19 @@ class Columns:
     def truncate(self, n: int) -> None:
         """Keep rows [0, n)."""
         for f in COLUMN_FIELDS:
-            del getattr(self, f)[n + (f == "offsets"):]
+            del getattr(self, f)[n:]
 
     def append(self, req: DeviceReq, block: Block) -> None:
         """A new last row: req's block."""
         self.slots.append(req.slot)
         self.first_starts.append(block.start)
-        self.counts.append(1)
-        self.offsets.append(self.offsets[-1] + 1)
         for column, name in SETTING_COLUMNS:
             getattr(self, column).append(getattr(req.settings, name))
 
 
 SETTING_COLUMNS = (("temperatures", "temperature"), ("top_ps", "top_p"), ("seeds", "seed"),
                    ("top_ks", "top_k"), ("min_ps", "min_p"))
-COLUMN_FIELDS = ("slots", "first_starts", "counts", "offsets", "temperatures", "top_ps",
-                 "seeds", "top_ks", "min_ps")
+COLUMN_FIELDS = ("slots", "first_starts", "temperatures", "top_ps", "seeds", "top_ks", "min_ps")
 
 
 @dataclass
@@ -365,10 +358,10 @@ class ResidentBatch:
     def _batch(self, cols: Columns, steps: np.ndarray) -> DenoiseBatch:
         """The DenoiseBatch of rows [0, N) laid out as `cols` says (it shares their lists:
         a later patch copies them before it changes anything)."""
-        n = cols.offsets[-1]
+        n = len(cols.slots)
         ids, _ = self.storage.views(n)
         batch = DenoiseBatch(
-            block_ids=ids, num_blocks=cols.counts, first_starts=cols.first_starts,
+            block_ids=ids, num_blocks=[1] * n, first_starts=cols.first_starts,
             temperatures=cols.temperatures, top_ps=cols.top_ps, seeds=cols.seeds,
             params=self.storage.req_params, block_steps=steps, top_ks=cols.top_ks,
             min_ps=cols.min_ps)

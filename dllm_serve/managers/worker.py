@@ -224,8 +224,8 @@ class Worker:
         layout = self.batch.layout()
         if layout is not self.prepared:
             c = layout.cols
-            self.run = self.runner.prepare_denoise(c.slots, c.first_starts, c.counts,
-                                                   layout.batch.block_ids)
+            self.run = self.runner.prepare_denoise(c.slots, c.first_starts,
+                                                   layout.batch.num_blocks, layout.batch.block_ids)
             self.prepared = layout
         self.storage.flush()  # the layout's row writes: applied first thing in the forward
         assert self.run is not None
