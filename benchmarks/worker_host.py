@@ -11,12 +11,14 @@ applying the worker's staged row writes (what a CUDA-graph forward needs from th
 metadata is computed on the device from the rows); the algorithm is
 benchmarks/scheduled_denoise.py's ScheduledDenoise (each block takes a lognormal number of
 forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per running slot. Reported per
-setting: worker host ms per forward (time inside Worker.iterate over denoise forwards),
-scheduler ms per forward, forwards. On a GPU the forward runs asynchronously, so the worker's
-host time is what must stay under one forward's device time. With --count-ops also the torch
-operator calls per forward inside `ResidentBatch.layout` (the layout changes' row writes and
-views): each costs tens of microseconds of host time on a GPU (a dispatch, often a launch), a
-machine-independent count of that part of the host's work.
+setting: worker host ms per forward (time inside Worker.iterate over denoise forwards), the
+same without the denoise items (applying the staged rows, the stand-in forward and the step,
+which a GPU runs inside the forward's CUDA graph: the part of the worker's host work that a
+GPU host also does), scheduler ms per forward, forwards. On a GPU the forward runs
+asynchronously, so the worker's host time is what must stay under one forward's device time.
+With --count-ops also the torch operator calls per forward inside `ResidentBatch.layout` (the
+layout changes' row writes and views): each costs tens of microseconds of host time on a GPU
+(a dispatch, often a launch), a machine-independent count of that part of the host's work.
 """
 
 from __future__ import annotations
@@ -130,8 +132,18 @@ def layout_ops(*args: Any) -> float:
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
             seed: int, wavefront: int = 1, mean_forwards: float = 12.0) -> dict[str, Any]:
     e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards)
-    worker_s = sched_s = 0.0
-    iterate = e.worker.iterate
+    worker_s = sched_s = step_s = 0.0
+    iterate, trace = e.worker.iterate, e.worker._trace
+
+    def timed_trace(kind: str, fn: Any, rows: int = 0) -> Any:
+        """The denoise item: what a GPU runs in its graph (the inbox, forward, step)."""
+        nonlocal step_s
+        t0 = time.perf_counter()
+        try:
+            return trace(kind, fn, rows)
+        finally:
+            if kind == "denoise":
+                step_s += time.perf_counter() - t0
 
     def timed_iterate(items: list[Any]) -> Any:
         nonlocal worker_s
@@ -142,6 +154,7 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             worker_s += time.perf_counter() - t0
 
     e.worker.iterate = timed_iterate  # type: ignore[method-assign]
+    e.worker._trace = timed_trace  # type: ignore[method-assign]
     t0 = time.perf_counter()
     steps = 0
     while e.step():
@@ -154,6 +167,10 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             "wavefront": wavefront,
             "requests": running * per_slot, "finished": done, "forwards": forwards,
             "worker_host_ms_per_forward": 1e3 * worker_s / max(forwards, 1),
+            # without the denoise items (the staged rows applied, the stand-in forward, the
+            # step: on a GPU all inside the forward's CUDA graph)
+            "worker_host_ms_per_forward_without_step": 1e3 * (worker_s - step_s) / max(
+                forwards, 1),
             "scheduler_ms_per_forward": 1e3 * sched_s / max(forwards, 1),
             "wall_s": wall}
 
@@ -176,7 +193,8 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
         row["layout_ops_per_forward"] = layout_ops(*args)
         ops = f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout()"
     print(f"{row['mode']:5s} running={running:3d} depth={ns.depth} W={ns.wavefront}: worker host "
-          f"{row['worker_host_ms_per_forward']:.3f} ms/forward, scheduler "
+          f"{row['worker_host_ms_per_forward']:.3f} ms/forward "
+          f"({row['worker_host_ms_per_forward_without_step']:.3f} without the step), scheduler "
           f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
           f"{row['finished']}/{row['requests']} finished{ops}", flush=True)
     return row
