@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -253,16 +254,28 @@ def print_row(r: dict[str, Any]) -> None:
           f"fwd/block {r['forwards_per_block_mean']:5.1f}", flush=True)
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """FDFO / sync and W=2 / W=1 (fdfo) output tokens/s, per suite and concurrency."""
-    tok = {(r["suite"], r["setting"], r["concurrency"]): r["output_tokens_per_s"] for r in rows}
-    out: dict[str, dict[str, float]] = {}
-    for (suite, setting, c), value in tok.items():
-        if setting == "fdfo" and (suite, "sync", c) in tok:
-            out.setdefault("fdfo_over_sync", {})[f"{suite} C={c}"] = value / tok[
-                (suite, "sync", c)]
-        if setting == "fdfo-w2" and (suite, "fdfo", c) in tok:
-            out.setdefault("w2_over_w1", {})[f"{suite} C={c}"] = value / tok[(suite, "fdfo", c)]
+RATIOS = {"fdfo_over_sync": ("fdfo", "sync"), "w2_over_w1": ("fdfo-w2", "fdfo")}
+
+
+def ratios(rows: list[dict[str, Any]], interleaved: bool = False) -> dict[str, dict[str, Any]]:
+    """FDFO / sync and W=2 / W=1 (fdfo) output tokens/s of the fastest runs, per suite and
+    concurrency; interleaved, also per turn (run i of one engine against run i of the other,
+    adjacent in time) under `<name>_turns`, with their median under `<name>_median`."""
+    by = {(r["suite"], r["setting"], r["concurrency"]): r for r in rows}
+    out: dict[str, dict[str, Any]] = {}
+    for name, (top, bottom) in RATIOS.items():
+        for (suite, setting, c), row in by.items():
+            other = by.get((suite, bottom, c))
+            if setting != top or other is None:
+                continue
+            key = f"{suite} C={c}"
+            out.setdefault(name, {})[key] = (row["output_tokens_per_s"]
+                                              / other["output_tokens_per_s"])
+            if interleaved:
+                turns = [a / b for a, b in zip(row["tok_s_repeats"], other["tok_s_repeats"],
+                                               strict=True)]
+                out.setdefault(f"{name}_turns", {})[key] = turns
+                out.setdefault(f"{name}_median", {})[key] = statistics.median(turns)
     return out
 
 
@@ -291,10 +304,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device = torch.cuda.get_device_name()
     result = {"benchmark": "runtime_bench", "config": vars(ns), "git_commit": git_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "runs": rows,
-              **ratios(rows)}
-    for kind in ("fdfo_over_sync", "w2_over_w1"):
+              **ratios(rows, ns.interleave)}
+    for kind in RATIOS:
         for key, value in result.get(kind, {}).items():
-            print(f"{kind:15s} {key}: {value:.2f}x")
+            turns = result.get(f"{kind}_turns", {}).get(key)
+            each = "" if turns is None else (
+                f" (per turn {', '.join(f'{t:.2f}' for t in turns)}; median "
+                f"{result[f'{kind}_median'][key]:.2f}x)")
+            print(f"{kind:15s} {key}: {value:.2f}x{each}")
     write_json(ns.out, result)
     return result
 

@@ -356,6 +356,10 @@ def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
     assert by["fdfo-w2"]["rows_mean"] > by["fdfo"]["rows_mean"]
     assert set(result["fdfo_over_sync"]) == {"default-heldout C=2"}
     assert set(result["w2_over_w1"]) == {"default-heldout C=2"}
+    turns = result["w2_over_w1_turns"]["default-heldout C=2"]  # interleaved: turn by turn
+    assert turns == [a / b for a, b in zip(by["fdfo-w2"]["tok_s_repeats"],
+                                           by["fdfo"]["tok_s_repeats"], strict=True)]
+    assert min(turns) <= result["w2_over_w1_median"]["default-heldout C=2"] <= max(turns)
 
 
 def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
