@@ -77,7 +77,9 @@ class DenoiseGraphs(BucketedForwards):
                 block_ids: torch.Tensor) -> DenoiseRun | None:
         """The run over the active blocks `block_ids` (N, K) (their pages mapped), or None
         when no bucket holds N blocks. forward() returns logits (N * K, V) in the model's dtype
-        and step() the readout (N, width), each valid until the next call."""
+        and step() the readout (N, width), each valid until the next call. With `rows` the
+        lists are not read: the forward computes its metadata from the storage rows, which
+        `block_ids` must be."""
         n = block_ids.shape[0]
         bucket = pick_bucket(n, self.buckets)
         if bucket is None:
