@@ -47,7 +47,7 @@ class Engine:
         if stream:
             return self._stream(*requests[0])
         waits = [self._submit(i, p, r) for i, p, r in requests]
-        results = [result_dict(_last(q)) for q in waits]
+        results = [result_dict(_last(q)) for _, q in waits]
         return results if batch or len(results) > 1 else results[0]
 
     async def async_generate(self, prompt: str | list[str] | None = None,
@@ -94,10 +94,10 @@ class Engine:
         return batch, requests
 
     def _submit(self, ids: list[int], params: SamplingParams, rid: str | None,
-                ) -> queue.Queue[GenOutput]:
+                ) -> tuple[str, queue.Queue[GenOutput]]:
+        """Submit; (its rid, the queue its updates arrive on)."""
         q: queue.Queue[GenOutput] = queue.Queue()
-        self.front.submit(ids, params, q.put, rid)
-        return q
+        return self.front.submit(ids, params, q.put, rid), q
 
     def _asubmit(self, loop: asyncio.AbstractEventLoop, ids: list[int], params: SamplingParams,
                  rid: str | None) -> tuple[str, _Updates]:
@@ -127,8 +127,7 @@ class Engine:
 
     def _stream(self, ids: list[int], params: SamplingParams, rid: str | None,
                 ) -> Iterator[dict[str, Any]]:
-        q: queue.Queue[GenOutput] = queue.Queue()
-        r = self.front.submit(ids, params, q.put, rid)
+        r, q = self._submit(ids, params, rid)
         finished = False
         try:
             while not finished:

@@ -129,7 +129,11 @@ class RowStorage:
         """State rows `at` := fresh state for ids (M, K), with resumed blocks' own values
         (states[i] not None) over it (the inbox leaves these rows' state alone)."""
         assert self.state is not None
-        state = self.fresh_state(to_device(ids, self.device), states)
+        state = self.algo.init_step_state(to_device(ids, self.device))
+        for i, carried in enumerate(states):
+            for key, value in (carried or {}).items():
+                assert state is not None
+                state[key][i] = to_device(np.asarray(value), self.device)
         idx = to_device(at.astype(np.int64), self.device)
         for key, value in (state or {}).items():
             self.state[key].index_copy_(0, idx, value)
@@ -195,17 +199,6 @@ class RowStorage:
         bits = params.astype(np.float32).view(np.int32).T  # (M, P) the floats' bits
         rec[:, RECORD_HEAD:RECORD_HEAD + params.shape[0]] = bits
         self.pending = first + m
-
-    def fresh_state(self, ids: torch.Tensor, states: list[RowState | None]) -> State | None:
-        """State for new rows with ids (M, K): fresh from the algorithm, carried values where
-        a resumed block brought its own (states[i] not None)."""
-        state = self.algo.init_step_state(ids)
-        if state is None:
-            return None
-        for i, carried in enumerate(states):
-            for key, value in (carried or {}).items():
-                state[key][i] = to_device(np.asarray(value), ids.device)
-        return state
 
     def views(self, n: int) -> tuple[torch.Tensor, State | None]:
         """ids (n, K) and state views of rows [0, n) (made once per n: a view costs a
