@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, nargs="+", default=[32, 128, 512, 1024, 2048])
     p.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128, 256])
     p.add_argument("--block-k", type=int, nargs="+", default=[32, 64, 128])
+    p.add_argument("--block-m", type=int, nargs="+", default=[0],
+                   help="rows per expert block to sweep (0: choose_block_m's)")
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
     p.add_argument("--search", choices=["two-stage", "full"], default="two-stage")
@@ -81,8 +83,8 @@ class Case:
     """One layer's routed experts at T tokens: x (T, hidden), the shared weights, random
     routing sorted into expert blocks, and h (A, I) from the default launch (the down input)."""
 
-    def __init__(self, shape: ExpertShape, tokens: int, w13: torch.Tensor, w2: torch.Tensor
-                 ) -> None:
+    def __init__(self, shape: ExpertShape, tokens: int, w13: torch.Tensor, w2: torch.Tensor,
+                 block_m: int = 0) -> None:
         dev, dtype = w13.device, w13.dtype
         gen = torch.Generator(device="cpu").manual_seed(tokens)
         self.shape, self.tokens, self.w13, self.w2 = shape, tokens, w13, w2
@@ -90,7 +92,7 @@ class Case:
         scores = torch.rand(tokens, shape.experts, generator=gen)
         self.ids = scores.topk(shape.top_k, dim=1).indices.to(dev)  # (T, K) distinct experts
         self.weights = torch.randn(tokens, shape.top_k, generator=gen).softmax(1).to(dev)
-        self.blocks = fm.expert_blocks(self.ids, shape.experts)
+        self.blocks = fm.expert_blocks(self.ids, shape.experts, block_m or None)
         self.h = self.up(DEFAULT_LAUNCH)
         touched = int(self.ids.unique().numel())
         per_expert = shape.hidden * shape.inter * w13.element_size()
@@ -103,7 +105,8 @@ class Case:
         return fm.down_proj(self.h, self.w2, self.blocks, launch)
 
     def experts(self, launches: tuple[MoeLaunch, MoeLaunch]) -> torch.Tensor:
-        return fm.fused_experts(self.x, self.w13, self.w2, self.ids, self.weights, launches)
+        return fm.fused_experts(self.x, self.w13, self.w2, self.ids, self.weights, launches,
+                                block_m=self.blocks.block_m)
 
 
 def time_us(fn: Callable[[], Any], ns: argparse.Namespace, device: torch.device) -> float:
@@ -122,6 +125,8 @@ def measure(ns: argparse.Namespace, case: Case, kernel: str, launch: MoeLaunch,
                            **asdict(launch)}
     try:
         row["max_abs_err"] = (run(launch).float() - reference).abs().max().item()
+        if fm.fell_back(kernel, case.blocks.block_m, launch):
+            raise RuntimeError("does not fit the device (the kernel ran DEFAULT_LAUNCH)")
         row["us"] = time_us(lambda: run(launch), ns, case.x.device)
         row["tb_s"] = case.weight_bytes[kernel] / (row["us"] * 1e-6) / 1e12
     except Exception as exc:  # a launch the compiler or the device refuses
@@ -181,15 +186,17 @@ def summarize(ns: argparse.Namespace, case: Case, rows: list[dict[str, Any]]) ->
         out[kernel] = {"best": top, "floor_us": floor_us,
                        "default_us": default["us"] if default else None}
         if top is not None:
-            print(f"T={case.tokens} {kernel}: best {launch_of(top)} {top['us']:.1f} us "
-                  f"(default {out[kernel]['default_us']}, floor {floor_us:.1f} us)", flush=True)
+            print(f"T={case.tokens} block_m={case.blocks.block_m} {kernel}: best "
+                  f"{launch_of(top)} {top['us']:.1f} us (default {out[kernel]['default_us']}, "
+                  f"floor {floor_us:.1f} us)", flush=True)
     if out["up"]["best"] and out["down"]["best"]:
         chosen = (launch_of(out["up"]["best"]), launch_of(out["down"]["best"]))
         out["fused_experts_us"] = {
             "best": time_us(lambda: case.experts(chosen), ns, case.x.device),
             "default": time_us(lambda: case.experts((DEFAULT_LAUNCH, DEFAULT_LAUNCH)), ns,
                                case.x.device)}
-        print(f"T={case.tokens} fused_experts: {out['fused_experts_us']}", flush=True)
+        print(f"T={case.tokens} block_m={case.blocks.block_m} fused_experts: "
+              f"{out['fused_experts_us']}", flush=True)
     return out
 
 
@@ -225,8 +232,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             device=device, dtype=dtype)
     rows, summaries = [], []
     with torch.inference_mode():
-        for tokens in sorted(ns.tokens):
-            case = Case(shape, tokens, w13, w2)
+        for tokens, block_m in itertools.product(sorted(ns.tokens), ns.block_m):
+            case = Case(shape, tokens, w13, w2, block_m)
             case_rows = [r for kernel in KERNELS for r in sweep_kernel(ns, case, kernel)]
             rows += case_rows
             summaries.append(summarize(ns, case, case_rows))

@@ -151,14 +151,14 @@ def test_choose_num_splits() -> None:
 
 def test_launch_per_bucket_on_an_h200() -> None:
     """LLaDA2.0-mini's denoise buckets (one tile per block, 4 KV heads, 132 SMs): split-K up to
-    33 blocks takes the 32-key launch, one split (34 blocks up, long prefills) the 64-key one;
+    33 blocks takes the 8-warp launch, one split (34 blocks up, long prefills) the 4-warp one;
     both launches are checked against the reference above (splits=1 and splits > 1)."""
     from dllm_serve.kernels.block_attention import choose_launch
 
-    keys = {b: choose_launch(choose_num_splits(b, 4, 132)).block_n
-            for b in (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 128, 256)}
-    assert keys == {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 24: 32, 32: 32, 40: 64, 48: 64, 64: 64,
-                    128: 64, 256: 64}
+    warps = {b: choose_launch(choose_num_splits(b, 4, 132)).num_warps
+             for b in (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 128, 256)}
+    assert warps == {1: 8, 2: 8, 4: 8, 8: 8, 16: 8, 24: 8, 32: 8, 40: 4, 48: 4, 64: 4,
+                     128: 4, 256: 4}
 
 
 MINI = Shape(heads=16, kv_heads=4, head_dim=128, block=32, page=32)

@@ -61,11 +61,12 @@ class Launch:
 # layer against 108 / 189 us for 64 keys, 8 warps, 2 stages), and in whole rounds at B=1-32
 # (results/h200/perf/roofline_attention_n32.md against roofline.json: equal at B=1, 0.2-0.9 ms
 # faster at B=4-32). Once the tiles fill the device (one split: B >= 34 blocks on an H200's
-# 132 SMs, and long prefills) 64 keys, 8 warps, 2 stages: each program walks the whole prefix,
-# and the same round comparison had the 32-key launch 1.4 ms slower at B=64, prefix ~4k
-# (27.78 against 26.38 ms; 22.11 against 21.95 at ~1k).
+# 132 SMs, and long prefills) 32 keys, 4 warps, 3 stages: each program walks the whole prefix;
+# at B=64 it took 86.7 / 285.4 us per layer at prefix ~1k / ~4k against 115.0 / 392.8 for the
+# earlier 64 keys, 8 warps, 2 stages, and 122.4 / 430.0 for 32 keys with 8 warps
+# (results/h200/gpupath/attention_tune_b64_1844ce3.json).
 LAUNCHES: tuple[tuple[int, Launch], ...] = (
-    (1, Launch(block_n=64, num_warps=8, num_stages=2)),
+    (1, Launch(block_n=32, num_warps=4, num_stages=3)),
     (1 << 30, Launch(block_n=32, num_warps=8, num_stages=3)),
 )
 

@@ -56,8 +56,9 @@ DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 # this form): (most assignments T * top_k, up launch, down launch), the first row whose bound
 # holds a batch's assignments. Assignments are fixed per CUDA-graph bucket, so each bucket has
 # its launches. Measured at LLaDA2.0-mini's expert shapes on an H200 (benchmarks/results/h200/
-# gpupath/moe_tune_*.json): 2-10% per GEMM over the default launch. A launch that does not fit
-# the device's shared memory at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (_run_fitting).
+# gpupath/moe_tune_*.json; T = 512 .. 2048 at choose_block_m's rows, moe_tune_block_m_*.json):
+# 2-10% per GEMM over the default launch. A launch that does not fit the device's shared memory
+# at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (_run_fitting).
 MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
     (256,  # T = 32: up, down
      MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=4),
@@ -65,15 +66,15 @@ MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
     (1024,  # T = 128
      MoeLaunch(block_n=128, block_k=128, num_warps=8, num_stages=3),
      MoeLaunch(block_n=128, block_k=128, num_warps=4, num_stages=4)),
-    (4096,  # T = 512
-     MoeLaunch(block_n=128, block_k=128, num_warps=4, num_stages=4),
-     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    (8192,  # T = 1024
-     MoeLaunch(block_n=128, block_k=64, num_warps=4, num_stages=3),
-     DEFAULT_LAUNCH),
-    (1 << 30,  # T = 2048 and more
+    (4096,  # T = 512 (32 rows a block)
+     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3),
+     MoeLaunch(block_n=64, block_k=128, num_warps=8, num_stages=3)),
+    (8192,  # T = 1024 (64 rows)
      DEFAULT_LAUNCH,
-     MoeLaunch(block_n=128, block_k=64, num_warps=4, num_stages=3)),
+     DEFAULT_LAUNCH),
+    (1 << 30,  # T = 2048 and more (64 rows)
+     DEFAULT_LAUNCH,
+     MoeLaunch(block_n=128, block_k=64, num_warps=8, num_stages=3)),
 )
 
 
@@ -99,28 +100,31 @@ def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor,
                   launches: tuple[MoeLaunch, MoeLaunch] | None = None,
-                  addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                  addends: tuple[torch.Tensor, ...] = (), block_m: int | None = None
+                  ) -> torch.Tensor:
     """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids/topk_weights (T, K)
     -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding, then the addends
     (T, hidden) added in order (`sum_choices`). `launches` (up, down) overrides the table's
-    (tests, benchmarks/moe_tune.py)."""
+    and `block_m` the expert blocks' rows (tests, benchmarks/moe_tune.py)."""
     check_device(x, "fused_experts")
     t, k = topk_ids.shape
     hidden = w2.shape[1]
     if t == 0:
         return x.new_zeros(0, hidden)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    blocks = expert_blocks(topk_ids, w2.shape[0])
+    blocks = expert_blocks(topk_ids, w2.shape[0], block_m)
     up, down = launches or choose_moe_launches(t * k)
     h = up_proj(x, w13, blocks, k, up)  # (A, I)
     y = down_proj(h, w2, blocks, down)  # (A, hidden)
     return sum_choices(y, topk_weights, x.dtype, addends)
 
 
-def expert_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
-    """topk_ids (T, K) -> the assignments sorted by expert into blocks of choose_block_m rows."""
+def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int | None = None
+                  ) -> ExpertBlocks:
+    """topk_ids (T, K) -> the assignments sorted by expert into blocks of `block_m` rows
+    (default: choose_block_m's)."""
     align = sort_by_expert if sort_supports(num_experts) else align_by_expert
-    return align(topk_ids, num_experts, choose_block_m(topk_ids.numel(), num_experts))
+    return align(topk_ids, num_experts, block_m or choose_block_m(topk_ids.numel(), num_experts))
 
 
 def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int,
@@ -155,6 +159,12 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks,
 
 
 _TOO_BIG: set[tuple[str, int, MoeLaunch]] = set()  # launches the device could not hold
+
+
+def fell_back(kernel: str, block_m: int, launch: MoeLaunch) -> bool:
+    """True when `launch` of `kernel` ("up" / "down") at `block_m` did not fit the device and
+    its calls ran DEFAULT_LAUNCH instead (benchmarks/moe_tune.py must not time it as itself)."""
+    return (kernel, block_m, launch) in _TOO_BIG
 
 
 def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,

@@ -29,8 +29,14 @@ class ExpertBlocks:
 
 
 def choose_block_m(num_assignments: int, num_experts: int) -> int:
-    """Rows per block: the mean assignments per expert, rounded up to 16, 32 or 64."""
-    mean = num_assignments / num_experts
+    """Rows per block: twice the mean assignments per expert, rounded up to 16, 32 or 64.
+    With the mean alone about half the experts spilled a few rows into a second block (a
+    second program re-reading the expert's weights); twice it holds nearly every expert in one
+    block. At LLaDA2.0-mini's experts on an H200 (benchmarks/moe_tune.py --block-m, results/
+    h200/gpupath/moe_tune_block_m_*.json) the fused experts took 481 / 514 us per layer at
+    512 / 1024 tokens with 32 / 64 rows against 502 / 534 us with 16 / 32; at 2048 tokens 64
+    rows (613 us) beat 128 (631 us), hence the cap."""
+    mean = 2 * num_assignments / num_experts
     return 16 if mean <= 16 else 32 if mean <= 32 else 64
 
 
