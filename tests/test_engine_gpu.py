@@ -76,6 +76,19 @@ def test_trace_summary() -> None:
     assert [r["gpu_ms"] for r in stalls(records, factor=1.5)["slow"]] == [6.0]
 
 
+def test_stalls_per_kind_hold_prefills_to_their_own_median() -> None:
+    """A long prefill takes several small rounds' time: per kind, only what stands out among
+    its own kind is a stall (a compile: seconds); a slow round stays one either way."""
+    def item(kind: str, gpu: float) -> dict:
+        return {"kind": kind, "t0": 0.0, "t1": 0.0, "rows": 4, "gpu_ms": gpu, "gap_ms": 0.0}
+
+    records = [item("prefill", g) for g in (4.0, 5.0, 30.0)] + \
+        [item("denoise", g) for g in (1.0, 1.0, 1.0, 4.0)]
+    assert [r["gpu_ms"] for r in stalls(records, factor=3.0)["slow"]] == [4.0, 5.0, 30.0, 4.0]
+    assert [r["gpu_ms"] for r in stalls(records, factor=3.0, per_kind=True)["slow"]] == [30.0,
+                                                                                          4.0]
+
+
 def test_engine_benchmark_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "engine.json"
     result = engine_gpu.main(["--preset", "tiny", "--device", "cpu", "--concurrency", "2",

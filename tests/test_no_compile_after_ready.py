@@ -2,8 +2,11 @@
 Triton kernels and CUDA graphs), the worker's warm-up compiles every prefill and denoise bucket
 before it reports ready; then five fresh prompt sets (prompt lengths never seen before, spread
 over many prefill buckets, batch sizes changing as requests finish) are served, and the worker's
-trace (dllm_serve/managers/round_trace.py, read by benchmarks/trace_summary.py) shows no device
-item slower than 3x the median round: a Triton compile would show up as an item of seconds."""
+trace (dllm_serve/managers/round_trace.py, read by benchmarks/trace_summary.py) shows no denoise
+item slower than 3x the median round and no prefill item slower than 3x the median prefill: a
+Triton compile would show up as an item of seconds. (Prefills are held to their own median: on
+the tiny model a merged prefill of ~4k tokens takes ~3x a round of at most 8 blocks with no
+compile at all, 0.82 ms against 0.28 ms at 97c70a4 and 0.84 against 0.24 at 7664589.)"""
 
 from __future__ import annotations
 
@@ -40,10 +43,12 @@ def test_no_worker_item_slower_than_3x_the_median_round(tiny_model_dir: Path, tm
         time.sleep(0.5)  # the worker writes its last trace records once idle
     records = read_trace(str(trace), ready, float("inf"), kinds=("prefill", "denoise"))
     assert sum(r["kind"] == "prefill" for r in records) >= SETS
-    found = stalls(records, factor=3.0)
+    found = stalls(records, factor=3.0, per_kind=True)
     print(f"startup {startup['worker_s']:.1f} s (warm-up {startup['warmup_s']:.1f} s); "
           f"median round {found['median_round_ms']:.3f} ms, worst {found['worst_item_kind']} "
           f"{found['worst_item_ms']:.3f} ms ({found['worst_item_ratio']:.2f}x)")
+    # and whatever the medians: a compile takes hundreds of rounds, the longest prefill ~3.5
+    assert found["worst_item_ratio"] < 10, found
     slow = [(r["kind"], r["rows"], round(r["gpu_ms"], 3)) for r in found["slow"]]
-    assert not slow, f"items slower than 3x the median round ({found['median_round_ms']:.3f} " \
-                     f"ms): {slow[:10]}"
+    assert not slow, f"items slower than 3x their kind's median (median round " \
+                     f"{found['median_round_ms']:.3f} ms): {slow[:10]}"
