@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -49,12 +50,12 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 from benchmarks.common import git_commit, gsm8k_questions, write_json
 from benchmarks.trace_summary import read_trace, summarize
+from dllm_serve.default_model import default_model_path
 from dllm_serve.managers.round_trace import TRACE_ENV
 from dllm_serve.tools.tiny_checkpoint import build_tiny_checkpoint
 
 PLUGIN = "benchmarks.scheduled_denoise:ScheduledDenoise"
 HISTOGRAM = Path(__file__).parent / "data" / "default_model_block_forwards.json"
-DEFAULT_CONTEXT = 4096  # the built-in model's context length
 HELDOUT = Path(__file__).parent / "results" / "default_model" / "heldout_seed7_256.jsonl"
 
 
@@ -137,8 +138,14 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
                   dllm_algorithm_config=yaml_path, context_length=1024,
                   max_total_tokens=(mrr + 1) * 1024)
     elif ns.interleave:  # engines side by side: a KV pool of their own size, not a GPU share
-        kw.update(max_total_tokens=(mrr + 1) * DEFAULT_CONTEXT)
+        kw.update(max_total_tokens=(mrr + 1) * default_context())
     return kw
+
+
+def default_context() -> int:
+    """The built-in model's context length (its config's max_position_embeddings)."""
+    config = json.loads((default_model_path() / "config.json").read_text())
+    return int(config["max_position_embeddings"])
 
 
 @dataclass

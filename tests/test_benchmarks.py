@@ -332,6 +332,22 @@ def test_moe_tune_smoke_on_the_cpu(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["table"] == result["table"]
 
 
+def test_runtime_bench_sizes_interleaved_pools_from_the_models_context() -> None:
+    """Interleaved engines of the built-in model get a KV pool of (C + 1) contexts, the
+    context read from the model's own config (not a constant beside it)."""
+    from benchmarks import runtime_bench
+    from dllm_serve.default_model import default_model_path
+
+    ns = runtime_bench.parse_args(["--interleave", "--concurrency", "16"])
+    suite = runtime_bench.suites(ns)["default-model"]
+    kw = runtime_bench.engine_kwargs(ns, suite, suite.settings[0], None, None)
+    context = json.loads((default_model_path() / "config.json").read_text())
+    assert kw["max_total_tokens"] == 17 * context["max_position_embeddings"]
+    ns = runtime_bench.parse_args(["--concurrency", "16"])  # one at a time: the default pool
+    assert "max_total_tokens" not in runtime_bench.engine_kwargs(ns, suite, suite.settings[0],
+                                                                 None, None)
+
+
 def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
     """benchmarks/runtime_bench.py end to end (three engines of the built-in model, up at once
     with their runs taking turns; two prompts per client slot: the closed loop of coroutines):
