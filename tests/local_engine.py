@@ -166,7 +166,7 @@ class FakeRunner:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))
 
     def warm_up(self, ids: Any = None, step: Any = None, width: int = 0,
-                before: Any = None, rows: Any = None) -> None:
+                before: Any = None, rows: Any = None, replayed: Any = None) -> None:
         self.before = before  # as the real runner: run first in every denoise forward
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],

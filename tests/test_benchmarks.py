@@ -287,7 +287,7 @@ def test_plot_writes_pngs(gsm8k_engine_json: Path, offline_json: Path, serving_j
 
 
 @pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot",
-                                    "moe_tune"])
+                                    "moe_tune", "host_copy_bench"])
 def test_runs_as_a_script_with_help(script: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
                          capture_output=True, text=True, timeout=60, cwd="/")

@@ -103,7 +103,8 @@ class ScriptedLogits:
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         pass
 
-    def warm_up(self, ids: object, step: object, width: int, before, rows=None) -> None:  # type: ignore[no-untyped-def]
+    def warm_up(self, ids: object, step: object, width: int, before, rows=None,  # type: ignore[no-untyped-def]
+                replayed=None) -> None:
         self.before = before  # the worker's staged row writes, first in every forward
 
     def prepare_denoise(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]

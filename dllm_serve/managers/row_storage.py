@@ -16,10 +16,12 @@ free_key (a layout that gives a row up writes it so): the step groups rows by ro
 row past `capacity` (the scratch row) takes the unused records of the inbox.
 
 Row writes are staged: `write_rows` packs the rows into the host inbox (kernels/row_inbox.py),
-`write_params` appends the new requests' params to it, `flush` copies it to the device in one
-copy, and `apply_staged` applies it: the runner calls
-it first thing in every denoise forward (inside the forward's CUDA graph when there is one), so
-a patch of the resident batch costs the host one copy, whatever the algorithm's state.
+`write_params` appends the new requests' params to it, `flush` sends it to the device, and
+`apply_staged` applies it: the runner calls it first thing in every denoise forward (inside the
+forward's CUDA graph when there is one), so a patch of the resident batch costs the host one
+message, whatever the algorithm's state. On CUDA the message goes through pinned memory that
+the forward's first kernel reads (kernels/host_copy.py `StageRing`: no copy between replays;
+each replay of a graph holding the fetch is counted with `replayed`), on the CPU by a copy.
 Invariant: between `flush` and the next denoise forward nothing reads the staged rows.
 """
 
@@ -32,6 +34,7 @@ import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State
 from dllm_serve.dllm.batch import DenoiseBatch
+from dllm_serve.kernels.host_copy import StageRing
 from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
     HAS_IDS,
@@ -72,6 +75,8 @@ class RowStorage:
         records = 3 * capacity
         self.inbox = torch.zeros(1 + records * self.width, dtype=torch.int64, device=device)
         self.staged = np.zeros(1 + records * self.width, dtype=np.int64)  # its host copy
+        self.ring = (StageRing(len(self.staged), self.width, device)
+                     if device.type == "cuda" else None)
         self.records = self.staged[1:].reshape(records, self.width)
         self.pending = 0  # records staged and not yet copied
         self.sent = False  # a copy not yet applied by an eager apply_staged
@@ -139,14 +144,23 @@ class RowStorage:
             self.state[key].index_copy_(0, idx, value)
 
     def flush(self) -> None:
-        """Copy the staged rows to the device inbox (one copy); the next denoise forward
-        applies them."""
+        """Send the staged rows to the device (CUDA: a message the next forward's fetch takes
+        into the inbox; the CPU: a copy into the inbox); the next denoise forward applies
+        them."""
         if not self.pending:
             return
         n = 1 + self.pending * self.width
         self.staged[0] = self.pending
-        copy_to_device(self.inbox[:n], self.staged[:n])
+        if self.ring is not None:
+            self.ring.post(self.staged[:n])
+        else:
+            copy_to_device(self.inbox[:n], self.staged[:n])
         self.pending, self.sent = 0, True
+
+    def replayed(self) -> None:
+        """A CUDA graph that captured `apply_staged` was replayed (its fetch ran)."""
+        if self.ring is not None:
+            self.ring.replayed()
 
     def apply_staged(self) -> None:
         """Apply the inbox on the device (the runner's hook before each denoise forward; no
@@ -155,6 +169,8 @@ class RowStorage:
         if not (self.sent or capturing):
             return
         self.sent = False
+        if self.ring is not None:
+            self.ring.fetch(self.inbox)
         if self.all_state is not None:  # before apply_rows zeroes the count
             # the records of new blocks and moves are among the first `capacity`: write_rows
             # stages them first (freed rows and params after them)

@@ -96,7 +96,7 @@ class Worker:
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
         runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
                        self.k + len(FLAGS), self.storage.apply_staged,
-                       (self.storage.row_req, self.storage.row_start))
+                       (self.storage.row_req, self.storage.row_start), self.storage.replayed)
         cuda = runner.device.type == "cuda"
         self.adaptive = depth is None and cuda
         self.depth = depth or 1

@@ -4,7 +4,8 @@
 worker's row storage: the batch's blocks live in rows [0, N)), the static output (fp32 logits,
 one buffer shared by every bucket) and, when the worker gives one, its greedy step: each
 bucket then has two graphs, the forward, and the forward followed by the step (its readout
-(bucket, width) in a static buffer). `prepare` picks the bucket of a batch, fills the metadata
+(bucket, width) in a static buffer, and on CUDA also written to pinned host memory by the graph
+itself: kernels/host_copy.py). `prepare` picks the bucket of a batch, fills the metadata
 (one host-to-device copy; none when the worker's row storage gives its rows' request keys and
 starts: then each forward computes its metadata first, on the device, kernels/row_meta.py)
 and returns the run; each call copies the batch's current block ids
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from dllm_serve.kernels.block_attention import TILE_FIELDS
+from dllm_serve.kernels.host_copy import PublishRing
 from dllm_serve.kernels.row_meta import RowMetaFields, write_row_meta, write_row_meta_reference
 from dllm_serve.kernels.runtime import cdiv
 from dllm_serve.kernels.triton_attention import TritonAttention
@@ -41,14 +43,16 @@ class DenoiseGraphs(BucketedForwards):
                  max_blocks: int, vocab_size: int, pad_id: int, scratch_slot: int,
                  ids: torch.Tensor | None = None, step: Step | None = None,
                  width: int = 0, before: Hook | None = None,
-                 rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 replayed: Hook | None = None) -> None:
         """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
         storage); default: a buffer of the graphs' own. step: the greedy step to run after the
         forward, (bucket, logits) -> readout (bucket, width). before: device work queued
         first in every forward (captured with it). rows: the storage's row_req and row_start
         (>= max_blocks,) when every row holds one block (a hole or padding: the scratch slot,
         start 0): each forward then computes its metadata from them, right after `before`,
-        and `prepare` writes none (its batch must be the storage's rows)."""
+        and `prepare` writes none (its batch must be the storage's rows). replayed: called
+        after each replay of a graph (each holds `before`: the worker counts its fetches)."""
         dev = kv.req_to_page.device
         if ids is None:
             ids = torch.full((max_blocks, block_size), pad_id, dtype=torch.int64, device=dev)
@@ -62,7 +66,12 @@ class DenoiseGraphs(BucketedForwards):
                                   dtype=model.lm_head.weight.dtype, device=dev)
         self.step = step
         self.before = before  # first in every forward (the worker's staged row writes)
+        self.replayed = replayed
         self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
+        # on CUDA the step's graph also writes its readout to pinned host memory (no copy
+        # between replays); `reset_published` after warm-up
+        self.published = (PublishRing(max_blocks, width, dev)
+                          if step is not None and dev.type == "cuda" else None)
         self.rows = rows
         tiles = self.meta[layout.offset("tiles"):].view(torch.int32)
         self.row_fields = RowMetaFields(
@@ -77,7 +86,9 @@ class DenoiseGraphs(BucketedForwards):
                 block_ids: torch.Tensor) -> DenoiseRun | None:
         """The run over the active blocks `block_ids` (N, K) (their pages mapped), or None
         when no bucket holds N blocks. forward() returns logits (N * K, V) in the model's dtype
-        and step() the readout (N, width), each valid until the next call. With `rows` the
+        and step() the readout (N, width), each valid until the next call (on CUDA in pinned
+        host memory, written by the step's graph: read it after an event recorded after the
+        call has completed; each step() must be read before `slots` more). With `rows` the
         lists are not read: the forward computes its metadata from the storage rows, which
         `block_ids` must be."""
         n = block_ids.shape[0]
@@ -98,16 +109,23 @@ class DenoiseGraphs(BucketedForwards):
             if not resident:
                 self.ids[:t].copy_(block_ids.view(-1))
             self.run(static)
+            if static.graph is not None:
+                self._replayed()
             return self.logits[:t]
 
         def step() -> torch.Tensor:
             if static.step_graph is not None:
                 static.step_graph.replay()
+                self._replayed()
             else:
                 self.forward_step(static)
-            return self.readout[:n]
+            return self.readout[:n] if self.published is None else self.published.take(n)
 
         return DenoiseRun(forward, step if self.step is not None and resident else None)
+
+    def _replayed(self) -> None:
+        if self.replayed is not None:
+            self.replayed()
 
     def logits_of(self, static: StaticForward) -> torch.Tensor:
         """The bucket's forward -> its logits (T_pad, V) in the model's dtype, in the static
@@ -128,6 +146,14 @@ class DenoiseGraphs(BucketedForwards):
         assert self.step is not None
         logits = self.logits_of(static)
         self.readout[:static.blocks].copy_(self.step(static.blocks, logits))
+        if self.published is not None:
+            self.published.publish(self.readout[:static.blocks])
+
+    def reset_published(self) -> None:
+        """Start the published readouts' count afresh (warm-up and capture ran publishes that
+        no step() took)."""
+        if self.published is not None:
+            self.published.reset()
 
     # ---- startup ---------------------------------------------------------------------------
 

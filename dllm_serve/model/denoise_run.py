@@ -15,7 +15,9 @@ class DenoiseRun:
     """forward() -> logits (N * K, V) fp32 over the layout's blocks as they are then; step() ->
     the readout (N, width) of forward + the algorithm's greedy step replayed as one captured
     graph, or None when no step was captured for this layout. Outputs stay valid until the
-    next call of either."""
+    next call of either; on CUDA step()'s readout is in pinned host memory, written by the
+    graph (kernels/host_copy.py `PublishRing`): read it once an event recorded after the call
+    has completed (managers/readback.py)."""
 
     forward: Callable[[], torch.Tensor]
     step: Callable[[], torch.Tensor] | None = None

@@ -154,7 +154,8 @@ class ModelRunner:
 
     def warm_up(self, ids: torch.Tensor | None = None, step: Step | None = None,
                 width: int = 0, before: Hook | None = None,
-                row_keys: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                row_keys: tuple[torch.Tensor, torch.Tensor] | None = None,
+                replayed: Hook | None = None) -> None:
         """Build the bucketed denoise forwards over the static token ids `ids` (the worker's
         row storage, (rows, K)) with the greedy `step` (bucket, logits) -> readout (bucket,
         width) after the forward when given; then, on CUDA, compile every bucket's kernels,
@@ -163,7 +164,7 @@ class ModelRunner:
         `before` runs first in every denoise forward from then on, bucketed (inside its graph)
         or eager (the worker's staged row writes). `row_keys`: the storage's row_req and
         row_start (one block per row): bucketed forwards then compute their metadata from them
-        (DenoiseGraphs)."""
+        (DenoiseGraphs). `replayed`: called after each replay of a denoise graph."""
         self.before_denoise = before
         if not self.bucketed:
             return
@@ -173,12 +174,14 @@ class ModelRunner:
         rows = self.cfg.graph_max_blocks if ids is None else ids.shape[0]
         self.graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,  # type: ignore[arg-type]
                                     rows, self.cfg.model.vocab_size, self.cfg.mask_id,
-                                    self.scratch_slot, ids, step, width, before, row_keys)
+                                    self.scratch_slot, ids, step, width, before, row_keys,
+                                    replayed)
         if self.device.type != "cuda":
             return  # nothing to compile (the interpreter), no graphs
         graphs = self._want_graphs() and self._capture()
         for forwards in self._bucketed():
             forwards.warm_up()
+        self.graphs.reset_published()
         torch.cuda.synchronize()
         self.warmup_s = time.perf_counter() - start
         self._log_warm_up(graphs)
