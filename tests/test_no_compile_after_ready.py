@@ -6,7 +6,7 @@ trace (dllm_serve/managers/round_trace.py, read by benchmarks/trace_summary.py) 
 item slower than 3x the median round and no prefill item slower than 3x the median prefill: a
 Triton compile would show up as an item of seconds. (Prefills are held to their own median: on
 the tiny model a merged prefill of ~4k tokens takes ~3x a round of at most 8 blocks with no
-compile at all, 0.82 ms against 0.28 ms at 97c70a4 and 0.84 against 0.24 at 7664589.)"""
+compile at all, 0.82 ms against 0.28 ms at 97c70a4 and 0.84 against 0.24 at c10ec7d.)"""
 
 from __future__ import annotations
 
