@@ -187,3 +187,36 @@ def test_replays_take_the_messages_posted_for_them_behind_queued_work() -> None:
         ring.replayed()
     torch.cuda.synchronize()
     assert log.tolist() == want
+
+
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_row_storage_sends_its_staged_rows_through_the_ring(algorithm: str) -> None:
+    """RowStorage's flush posts its inbox to the StageRing and apply_staged fetches it first
+    (on CUDA its own ring; on the CPU one attached here, its kernel interpreted): each write
+    lands at the apply after its flush, an apply with nothing posted changes nothing, and the
+    host's fetch count equals the device's."""
+    from dllm_serve.dllm.algorithms import build_algorithm
+    from dllm_serve.dllm.config import DllmConfig
+    from dllm_serve.kernels.host_copy import StageRing
+    from dllm_serve.managers.row_storage import RowStorage
+
+    mask = 15
+    s = RowStorage(build_algorithm(DllmConfig(algorithm=algorithm, block_size=4, mask_id=mask)),
+                   8, 4, DEVICE, free_key=8)
+    if s.ring is None:
+        s.ring = StageRing(len(s.staged), s.width, DEVICE)
+    for step, (rows, first) in enumerate((([5, 2], 1), ([0, 7, 3], 20), ([2], 40))):
+        ids = first + np.arange(len(rows) * 4, dtype=np.int64).reshape(len(rows), 4)
+        s.write_rows(np.array(rows), ids, [None] * len(rows), np.full(len(rows), 32 * step),
+                     np.arange(len(rows)), np.zeros(len(rows), dtype=np.int64))
+        s.flush()
+        s.apply_staged()
+        sync()
+        assert s.ids[rows].cpu().tolist() == ids.tolist()
+        assert s.row_start[rows].cpu().tolist() == [32 * step] * len(rows)
+        before = s.ids.clone()
+        s.sent = True  # as after a replay that took the message: an apply finds nothing new
+        s.apply_staged()
+        sync()
+        assert torch.equal(s.ids, before)
+    assert int(s.ring.cursor.item()) == s.ring.queued
