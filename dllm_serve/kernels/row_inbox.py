@@ -2,7 +2,8 @@
 
 The resident batch changes a few rows per forward (a block opens where one retired, a request
 takes a hole). Instead of several host-issued copies and scatters per change, the host packs
-the changed rows into an *inbox* (one int64 buffer, one host-to-device copy) and the forward's
+the changed rows into an *inbox* (one int64 buffer, one message: on CUDA fetched by the
+forward's graph from pinned memory, kernels/host_copy.py; on the CPU a copy) and the forward's
 CUDA graph applies it first thing (managers/row_storage.py).
 
 Inbox layout: [count, record 0, record 1, ...], each record RECORD_HEAD + K int64 values:

@@ -14,7 +14,7 @@ block, a joining request's) takes a hole or appends a row. Holes that would cost
 bucket than the blocks need, more than a quarter of the rows, or any compute at all on an
 unpadded runner) are then closed by *moves*: the last live rows take the first holes, so the
 blocks fill rows [0, N) again. Only the changed rows are written
-(RowStorage's staged writes, one host-to-device copy; a moved row's ids and state are copied on
+(RowStorage's staged writes, one message to the device; a moved row's ids and state are copied on
 the device from its old row), and the patch looks only at what changed since the last layout
 (`touched`: requests added, dropped, with a block retired or opened; `gone`: the blocks that
 left), copying the layout's per-row `Columns` (slots, starts, sampling settings) and rewriting
