@@ -137,6 +137,7 @@ def test_messages_wrap_around_the_slots() -> None:
         sync()
         want = message(1 + i % 3, width, 10 * i) if i % 4 != 3 else [0]
         assert dst[:len(want)].tolist() == list(want), i
+    assert len(ring.unfenced) == 1  # only the last post's fetch can still be pending
     with pytest.raises(AssertionError, match="one message per fetch"):
         ring.post(message(1, width, 0))
         ring.post(message(1, width, 0))

@@ -98,9 +98,10 @@ class StageRing:
         """Write message (n,) int64, n <= elems, for the next fetch queued."""
         n, tag = message.shape[0], self.queued
         assert n <= self.elems and tag > self.last_tag, "one message per fetch"
-        if self.cuda and self.unfenced:  # their fetches are queued now: mark where they end
-            event = torch.cuda.Event()
-            event.record(self.stream)
+        if self.unfenced:  # their fetches are queued now: mark where they end
+            event = torch.cuda.Event() if self.cuda else None  # the CPU: run already
+            if event is not None:
+                event.record(self.stream)
             for slot in self.unfenced:
                 self.done[slot] = event
             self.unfenced = []

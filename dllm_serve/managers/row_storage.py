@@ -78,8 +78,8 @@ class RowStorage:
         self.ring = (StageRing(len(self.staged), self.width, device)
                      if device.type == "cuda" else None)
         self.records = self.staged[1:].reshape(records, self.width)
-        self.pending = 0  # records staged and not yet copied
-        self.sent = False  # a copy not yet applied by an eager apply_staged
+        self.pending = 0  # records staged and not yet sent (flush)
+        self.sent = False  # rows sent and not yet applied by an eager apply_staged
         self._rows_arange = torch.arange(capacity, device=device)
         if device.type == "cuda":  # compile the apply kernel now (nothing staged: a no-op)
             self.sent = True
