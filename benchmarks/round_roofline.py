@@ -135,6 +135,23 @@ def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
     return one_round, runner.denoise_batch(slots, prefixes, blocks, ids)
 
 
+def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """fn captured in a CUDA graph (after one warm call on a side stream): calling the result
+    replays it, so a timing of a few short kernels measures the device, not Python's launches.
+    fn as it is off CUDA."""
+    if device.type != "cuda":
+        return lambda: None if fn() is None else None
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def time_ms(fn: Callable[[], None], warmup: int, iters: int, device: torch.device) -> float:
     """Median milliseconds of fn (CUDA events on a GPU, wall clock on the CPU)."""
     for _ in range(warmup):

@@ -105,6 +105,23 @@ def test_route_sums_partial_logits_as_torch_does(name: str) -> None:
     assert_same_routing(ids, weights, *route(summed, bias, p))
 
 
+def test_route_reads_strided_token_rows() -> None:
+    """Partial logits that are a column slice of a wider GEMM output (token rows strided, each
+    row's (P, E) contiguous: the MoE block's merged router + shared-experts GEMM) route as
+    their contiguous copy does."""
+    experts, p = ROUTINGS["groups"]
+    gen = torch.Generator().manual_seed(6)
+    parts = split_logits(13, experts, gen)  # (T, 3, E)
+    bias = rand(experts, gen=gen, scale=0.1)
+    wide = rand(13, 3 * experts + 40, gen=gen)
+    wide[:, :3 * experts] = parts.flatten(1)
+    view = wide[:, :3 * experts].view(13, 3, experts)
+    assert view.stride(0) == 3 * experts + 40
+    ids, weights = fused_route(view, bias, p)
+    ref_ids, ref_weights = fused_route(parts, bias, p)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+
+
 def test_route_takes_one_part_in_any_dtype_and_refuses_bf16_parts() -> None:
     """One part (T, 1, E) is the logits themselves (bf16 ones are widened in the kernel, as
     `route` widens them); several parts must be fp32 (torch would round each bf16 sum)."""
@@ -362,6 +379,35 @@ def test_bf16_split_of_an_fp32_weight_sums_back_to_it() -> None:
     x = torch.randn(17, 96, generator=gen).bfloat16()
     logits = sum(x.double() @ p.double().t() for p in parts)  # what the bf16 GEMMs sum to
     assert torch.allclose(logits.float(), x.float() @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 512])
+def test_moe_block_merges_router_and_shared_gemms(tokens: int) -> None:
+    """With a kernel backend on CUDA (bf16, split router) the MoE block computes the router's
+    parts and the shared experts' gate_up in one GEMM: the same routing and, within bf16
+    rounding, the same output as the two GEMMs (LLaDA2.0-mini's widths, fewer experts)."""
+    gen = torch.Generator().manual_seed(tokens)
+    block = SparseMoeBlock(2048, 64, 512, LLADA2, expert_bias=True, router_fp32=True,
+                           shared_intermediate=512).to(DEVICE)
+    for param in block.parameters():
+        param.data.copy_(rand(*param.shape, gen=gen, scale=0.02))
+    block.experts.to(torch.bfloat16)
+    block.shared_experts.to(torch.bfloat16)
+    set_moe_backend(block, "triton")
+    x = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
+    h = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
+    ref = block(x, residual=h)
+    assert block._merged is None
+    block.kernel_backend = "triton"
+    out = block(x, residual=h)
+    assert block._merged is not None and block._merged[1].shape == (3 * 64 + 1024, 2048)
+    logits, shared = block._gate_and_shared(x)
+    assert logits.shape == (tokens, 3, 64) and logits.stride(0) == 3 * 64 + 1024
+    assert torch.allclose(sum_logit_parts(logits), sum_logit_parts(block.gate(x)),
+                          rtol=1e-5, atol=1e-5)
+    assert rel_err(shared[0], block.shared_experts(x)) < 1e-2
+    assert rel_err(out, ref) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -63,7 +63,9 @@ class DenoiseBatch:
 
     @property
     def sampled(self) -> bool:
-        return any(t > 0 for t in self.temperatures)
+        """Whether any row samples (temperature > 0; verified temperatures are finite and
+        >= 0). Asked at every launch: one builtin max over the rows, not a Python loop."""
+        return max(self.temperatures, default=0.0) > 0
 
     @property
     def row_req(self) -> torch.Tensor:

@@ -2,12 +2,14 @@
 
 `SwiGLUMLP` computes the activation silu(gate) * up in plain PyTorch (`silu_and_mul`, the
 oracle) unless its `kernel_backend` names a kernel registered in `SILU_MUL_KERNELS` ("triton":
-dllm_serve.kernels.silu_mul, one launch instead of two); see layers/fused.py.
+dllm_serve.kernels.silu_mul, one launch instead of two); see layers/fused.py. `from_gate_up`
+runs the rest of the MLP from a gate_up projection computed elsewhere (the MoE block merges
+it into the router's GEMM).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -15,15 +17,23 @@ from torch import nn
 
 from dllm_serve.utils.registry import Registry
 
-# gate_up (..., 2I) = [gate | up] -> (..., I) in gate_up's dtype: the values of `silu_and_mul`.
-SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
+
+class SiluMulKernel(Protocol):
+    def __call__(self, gate_up: torch.Tensor, out_dtype: torch.dtype | None = None
+                 ) -> torch.Tensor:
+        """gate_up (..., 2I) = [gate | up] -> (..., I) in out_dtype (default gate_up's): the
+        values of `silu_and_mul(gate_up, out_dtype)`."""
+
+
 SILU_MUL_KERNELS: Registry[SiluMulKernel] = Registry("SwiGLU activation kernel backend")
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """gate_up (..., 2I) = [gate | up] -> silu(gate) * up (..., I), the reference: silu
     computed in fp32 and rounded to the dtype, then the product computed in fp32 and rounded
-    (what two PyTorch elementwise ops do in bf16)."""
+    (what two PyTorch elementwise ops do in bf16). out_dtype: gate_up rounded to it first."""
+    if out_dtype is not None:
+        gate_up = gate_up.to(out_dtype)
     gate, up = gate_up.chunk(2, dim=-1)  # (..., I) each
     return F.silu(gate) * up
 
@@ -53,3 +63,11 @@ class SwiGLUMLP(nn.Module):
                else SILU_MUL_KERNELS.get(self.kernel_backend))
         y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, act)
         return y if residual is None else residual + y
+
+    def from_gate_up(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The MLP's output (T, hidden) in `dtype` from gate_up (T, 2I) = x @ gate_up_proj.T
+        computed elsewhere in fp32 (a GEMM shared with another projection of x): rounded to
+        `dtype` first, so the values of `forward(x)`."""
+        act = (silu_and_mul if self.kernel_backend == "torch"
+               else SILU_MUL_KERNELS.get(self.kernel_backend))
+        return F.linear(act(gate_up, dtype), self.down_proj.weight)

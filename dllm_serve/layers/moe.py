@@ -157,15 +157,20 @@ class Router(nn.Module):
         """x (T, hidden) -> partial router logits (T, P, E), fp32 when `fp32_logits`."""
         if not self.fp32_logits:
             return F.linear(x, self.weight.to(x.dtype))[:, None]
-        if self.split_gemm and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2:
+        if self.splits(x):
             try:
-                parts = torch.mm(x, self._parts().t(), out_dtype=torch.float32)  # (T, 3E)
+                parts = torch.mm(x, self.parts().t(), out_dtype=torch.float32)  # (T, 3E)
                 return parts.view(x.shape[0], 3, -1)
             except (RuntimeError, TypeError):
                 self.split_gemm = False
         return F.linear(x.float(), self.weight.float())[:, None]
 
-    def _parts(self) -> torch.Tensor:
+    def splits(self, x: torch.Tensor) -> bool:
+        """Whether the logits of x come from the split bf16 GEMM (three partial logits)."""
+        return (self.fp32_logits and self.split_gemm and x.is_cuda
+                and x.dtype == torch.bfloat16 and x.dim() == 2)
+
+    def parts(self) -> torch.Tensor:
         """(3E, hidden) bf16: the weight's split, made again whenever the weight changed."""
         w = self.weight
         key = (w.data_ptr(), 0 if w.is_inference() else w._version)
@@ -251,6 +256,8 @@ class SparseMoeBlock(nn.Module):
     (unweighted) when `shared_intermediate` > 0. HF names: `gate` (the router, with
     `expert_bias` when asked), `experts` (stacked), `shared_experts`."""
 
+    kernel_backend = "torch"  # not "torch": the router's and shared experts' GEMMs merged
+
     def __init__(self, hidden_size: int, num_experts: int, intermediate_size: int,
                  routing: RoutingParams, expert_bias: bool, router_fp32: bool,
                  shared_intermediate: int = 0) -> None:
@@ -260,11 +267,42 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
         self.shared_experts = (SwiGLUMLP(hidden_size, shared_intermediate)
                                if shared_intermediate else None)
+        self._merged: tuple[tuple[int, ...], torch.Tensor] | None = None  # key, weight
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
         shared experts' output and the residual are added in the experts' final pass
         (`add_in_order`: routed sum + shared, then + residual)."""
-        shared = () if self.shared_experts is None else (self.shared_experts(x),)
+        logits, shared = self._gate_and_shared(x)
         addends = shared + (() if residual is None else (residual,))
-        return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends)
+        return self.experts(x, logits, self.gate.expert_bias, self.routing, addends)
+
+    def _gate_and_shared(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The router's partial logits (T, P, E) and the shared experts' output (T, hidden) as
+        a tuple of 0 or 1. With a kernel backend, on CUDA in bf16 with the split router, both
+        come from one GEMM of x against [the router's three parts | the shared experts'
+        gate_up] with fp32 output: one launch instead of two (at a denoise round's few rows
+        each GEMM costs its launch latency more than its bytes). The shared part is rounded
+        to bf16 before its activation: its values are its own GEMM's up to summation order."""
+        s = self.shared_experts
+        if s is not None and self.kernel_backend != "torch" and self.gate.splits(x):
+            try:
+                out = torch.mm(x, self.merged_weight().t(), out_dtype=torch.float32)
+            except (RuntimeError, TypeError):  # this torch lacks a bf16 GEMM with fp32 output
+                self.gate.split_gemm = False
+            else:  # out (T, 3E + 2I)
+                e = self.gate.weight.shape[0]
+                return (out[:, :3 * e].view(-1, 3, e),
+                        (s.from_gate_up(out[:, 3 * e:], x.dtype),))
+        return self.gate(x), () if s is None else (s(x),)
+
+    def merged_weight(self) -> torch.Tensor:
+        """(3E + 2I, hidden) bf16: the router's split parts over the shared experts' gate_up
+        weight, made again whenever either changed."""
+        assert self.shared_experts is not None
+        w = self.shared_experts.gate_up_proj.weight
+        parts = self.gate.parts()
+        key = (parts.data_ptr(), w.data_ptr(), 0 if w.is_inference() else w._version)
+        if self._merged is None or self._merged[0] != key:
+            self._merged = (key, torch.cat([parts, w.detach().to(parts.dtype)]))
+        return self._merged[1]
