@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_engine import LocalEngine, local_engine, scripted_engine
 
-from dllm_serve.managers.messages import AbortReq
-from dllm_serve.managers.resident_batch import COLUMN_FIELDS, Columns, Layout
+from dllm_serve.managers.messages import AbortReq, ReqSettings
+from dllm_serve.managers.resident_batch import COLUMN_FIELDS, Block, Columns, DeviceReq, Layout
 
 K = 4
 
@@ -292,3 +292,17 @@ def test_wavefront_changes_patch_without_moving_rows() -> None:
         assert out.block_forwards == [2 + (s // K) % 3 for s in range(0, 3 + lengths[rid], K)]
     assert {rid: len(e.tokens(rid)) for rid in lengths} == lengths
     e.assert_whole()
+
+
+def test_columns_set_writes_every_column_as_of_does() -> None:
+    """A row rewritten by Columns.set equals the row Columns.of makes, every setting away from
+    its default (the random workload's requests keep the defaults)."""
+    settings_ = ReqSettings(prompt_len=5, max_end=96, temperature=0.7, top_p=0.9, seed=11,
+                            top_k=5, min_p=0.1)
+    req, other = DeviceReq(1, 3, settings_, 64), DeviceReq(2, 4, ReqSettings(1, 32), 32)
+    block, old = Block(64), Block(0)
+    cols = Columns.of([other, other], [old, old])
+    cols.set(1, req, block)
+    fresh = Columns.of([other, req], [old, block])
+    for name in COLUMN_FIELDS:
+        assert getattr(cols, name) == getattr(fresh, name), name

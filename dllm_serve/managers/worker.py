@@ -291,15 +291,17 @@ class Worker:
     def _advance(self) -> None:
         """Retire and open blocks. Only requests where something can happen are planned: a
         converged leftmost block, a ready frontier, or (sync) a batch that is all done."""
-        active = [r for r in self.batch.reqs.values() if r.blocks]
-        if self.mode.fdfo:
-            cands = [r for r in active if r.blocks[0].converged or r.blocks[-1].ready]
+        reqs = self.batch.reqs.values()
+        any_active = self.batch.num_rows > 0  # some request has a block
+        if self.mode.fdfo:  # one pass: this runs after every forward
+            cands = [r for r in reqs if r.blocks and (r.blocks[0].converged or r.blocks[-1].ready)]
             done = False
         else:
+            active = [r for r in reqs if r.blocks]
             done = bool(active) and all(r.blocks[0].converged for r in active)
             cands = active if done else [r for r in active if r.blocks[-1].ready]
         if not cands:
-            self.boundary = not active
+            self.boundary = not any_active
             return
         p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
                  np.array([len(r.blocks) for r in cands], dtype=np.int64),
@@ -314,7 +316,7 @@ class Worker:
                 self.batch.open_block(req)
             elif not req.blocks:
                 self.parked.append(req)  # its next block's pages are not mapped yet
-        self.boundary = p.boundary or not active
+        self.boundary = p.boundary or not any_active
 
     def _retire(self, req: DeviceReq, count: int) -> bool:
         """Retire and report the request's leading blocks; False if it is over (a stop token
