@@ -381,6 +381,34 @@ def test_bf16_split_of_an_fp32_weight_sums_back_to_it() -> None:
     assert torch.allclose(logits.float(), x.float() @ w.t(), rtol=1e-5, atol=1e-5)
 
 
+def test_merged_weight_holds_the_router_split_once() -> None:
+    """The merged weight is [the router's split parts | the shared gate_up in bf16]; the
+    router's parts become its leading rows (one copy); it is kept while neither weight
+    changes and made again (with the new split) when the router's weight is written."""
+    gen = torch.Generator().manual_seed(7)
+    experts, p = ROUTINGS["groups"]
+    block = SparseMoeBlock(48, experts, 16, p, expert_bias=True, router_fp32=True,
+                           shared_intermediate=24).to(DEVICE)
+    for param in block.parameters():
+        param.data.copy_(rand(*param.shape, gen=gen, scale=0.2))
+    assert block.shared_experts is not None
+    block.shared_experts.to(torch.bfloat16)
+    merged = block.merged_weight()
+    split = split_bf16(block.gate.weight.detach().float()).flatten(0, 1)
+    assert merged.shape == (3 * experts + 48, 48) and merged.dtype == torch.bfloat16
+    assert torch.equal(merged[:3 * experts], split)
+    assert torch.equal(merged[3 * experts:], block.shared_experts.gate_up_proj.weight)
+    assert block.gate.parts().data_ptr() == merged.data_ptr()
+    assert block.merged_weight() is merged
+    with torch.no_grad():
+        block.gate.weight.mul_(2)
+    again = block.merged_weight()
+    assert again is not merged
+    assert torch.equal(again[:3 * experts], split_bf16(block.gate.weight.detach().float())
+                       .flatten(0, 1))
+    assert block.gate.parts().data_ptr() == again.data_ptr()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [32, 512])
 def test_moe_block_merges_router_and_shared_gemms(tokens: int) -> None:

@@ -172,11 +172,24 @@ class Router(nn.Module):
 
     def parts(self) -> torch.Tensor:
         """(3E, hidden) bf16: the weight's split, made again whenever the weight changed."""
-        w = self.weight
-        key = (w.data_ptr(), 0 if w.is_inference() else w._version)
+        key = version_key(self.weight)
         if self._split is None or self._split[:2] != key:
-            self._split = (*key, split_bf16(w.detach().float()).flatten(0, 1))
+            self._split = (*key, split_bf16(self.weight.detach().float()).flatten(0, 1))
         return self._split[2]
+
+    def share_parts(self, rows: torch.Tensor) -> None:
+        """Keep `rows` (3E, hidden), equal to `parts()` (the leading rows of a larger weight
+        that holds them), as the split from now on: it is not kept twice."""
+        key = version_key(self.weight)
+        assert self._split is not None and self._split[:2] == key
+        assert rows.shape == self._split[2].shape and rows.is_contiguous()
+        self._split = (*key, rows)
+
+
+def version_key(t: torch.Tensor) -> tuple[int, int]:
+    """(address, version) of a tensor: changes whenever it is replaced or written in place
+    (a cache made from it is stale)."""
+    return t.data_ptr(), 0 if t.is_inference() else t._version
 
 
 def split_bf16(w: torch.Tensor) -> torch.Tensor:
@@ -298,11 +311,14 @@ class SparseMoeBlock(nn.Module):
 
     def merged_weight(self) -> torch.Tensor:
         """(3E + 2I, hidden) bf16: the router's split parts over the shared experts' gate_up
-        weight, made again whenever either changed."""
+        weight, made again whenever either weight changed. Its first 3E rows become the
+        router's parts (`Router.share_parts`), so the split is held once."""
         assert self.shared_experts is not None
         w = self.shared_experts.gate_up_proj.weight
-        parts = self.gate.parts()
-        key = (parts.data_ptr(), w.data_ptr(), 0 if w.is_inference() else w._version)
+        key = (*version_key(self.gate.weight), *version_key(w))
         if self._merged is None or self._merged[0] != key:
-            self._merged = (key, torch.cat([parts, w.detach().to(parts.dtype)]))
+            parts = self.gate.parts()
+            merged = torch.cat([parts, w.detach().to(parts.dtype)])
+            self.gate.share_parts(merged[:parts.shape[0]])
+            self._merged = (key, merged)
         return self._merged[1]
