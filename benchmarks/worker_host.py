@@ -5,25 +5,26 @@ forward costs when requests join and leave every few forwards.
     python benchmarks/worker_host.py --profile /tmp/wh    # + a cProfile of each setting
     python benchmarks/worker_host.py --count-ops          # + torch ops per forward in layout()
 
-The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the
-CPU; the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after
-applying the worker's staged row writes (what a CUDA-graph forward needs from the host: its
-metadata is computed on the device from the rows); the algorithm is
-benchmarks/scheduled_denoise.py's ScheduledDenoise (each block takes a lognormal number of
-forwards, mean 12), 32-token blocks, 128 new tokens, 4 prompts per running slot. Reported per
-setting: worker host ms per forward (time inside Worker.iterate over denoise forwards), the
-same without the denoise items (applying the staged rows, the stand-in forward and the step,
-which a GPU runs inside the forward's CUDA graph: the part of the worker's host work that a
-GPU host also does), scheduler ms per forward, forwards. On a GPU the forward runs
-asynchronously, so the worker's host time is what must stay under one forward's device time.
-With --count-ops also the torch operator calls per forward inside `ResidentBatch.layout` (the
-layout changes' row writes and views): each costs tens of microseconds of host time on a GPU
-(a dispatch, often a launch), a machine-independent count of that part of the host's work.
+The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU;
+the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after applying
+the worker's staged row writes (what a CUDA-graph forward needs from the host: its metadata is
+computed on the device from the rows); the algorithm is benchmarks/scheduled_denoise.py's
+ScheduledDenoise (each block takes a lognormal number of forwards, mean 12), 32-token blocks, 128
+new tokens, 4 prompts per running slot. Reported per setting (the median of --repeats runs): worker
+host ms per forward (time inside Worker.iterate over denoise forwards), the same without the
+denoise items (applying the staged rows, the stand-in forward and the step, which a GPU runs inside
+the forward's CUDA graph: the part of the worker's host work that a GPU host also does), scheduler
+ms per forward, forwards. On a GPU the forward runs asynchronously, so the worker's host time is
+what must stay under one forward's device time. With --count-ops also the torch operator calls per
+forward inside `ResidentBatch.layout` (the layout changes' row writes and views): each costs tens
+of microseconds of host time on a GPU (a dispatch, often a launch), a machine-independent count of
+that part of the host's work.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -175,6 +176,21 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             "wall_s": wall}
 
 
+TIMED = ("worker_host_ms_per_forward", "worker_host_ms_per_forward_without_step",
+         "scheduler_ms_per_forward", "wall_s")
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row: the first run's counts, each timed figure's median over the runs (the runs'
+    values under `repeats`). The same seed each time: the runs do the same work."""
+    row = dict(runs[0])
+    if len(runs) > 1:
+        row["repeats"] = {k: [r[k] for r in runs] for k in TIMED}
+        for k in TIMED:
+            row[k] = statistics.median(row["repeats"][k])
+    return row
+
+
 def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     """One setting measured (under cProfile with --profile), its torch ops counted with
     --count-ops, printed."""
@@ -187,7 +203,7 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
         row = prof.runcall(measure, *args)
         prof.dump_stats(f"{ns.profile}.{mode}.{running}")
     else:
-        row = measure(*args)
+        row = median_of([measure(*args) for _ in range(ns.repeats)])
     ops = ""
     if ns.count_ops:
         row["layout_ops_per_forward"] = layout_ops(*args)
@@ -212,6 +228,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--prompts-per-slot", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per setting; the timed figures are their medians")
     ap.add_argument("--profile", help="write cProfile stats to PREFIX.<mode>.<running>")
     ap.add_argument("--count-ops", action="store_true",
                     help="also count torch operator calls per forward in layout() (a second run)")

@@ -393,6 +393,19 @@ def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     assert by_mode["sync"]["layout_ops_per_forward"] > 0
 
 
+def test_worker_host_takes_the_median_of_repeats() -> None:
+    """With several runs, each timed figure is their median and the runs' values are kept;
+    counts come from the first run."""
+    from benchmarks import worker_host
+
+    runs = [{"forwards": 10, **{k: float(v) for k in worker_host.TIMED}} for v in (3, 1, 2)]
+    row = worker_host.median_of(runs)
+    assert row["forwards"] == 10
+    for k in worker_host.TIMED:
+        assert row[k] == 2.0 and row["repeats"][k] == [3.0, 1.0, 2.0]
+    assert worker_host.median_of(runs[:1]) == runs[0]
+
+
 class CountingEngine:
     """Answers each prompt with itself, counting how many requests are in flight at once."""
 
