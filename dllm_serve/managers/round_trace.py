@@ -46,6 +46,10 @@ class Tracer:
         self.prev_end: Any = None
         now = time.monotonic()
         self._write({"kind": "worker", "t0": now, "t1": now, **header})
+        # on disk at once: the worker is built before it reports ready, so a reader that
+        # starts once the engine is up finds the header (the loop's first settle may come later)
+        self._encode()
+        self.out.flush()
 
     @staticmethod
     def from_env(device: torch.device, header: dict[str, Any]) -> Tracer | None:
