@@ -15,10 +15,11 @@ host ms per forward (time inside Worker.iterate over denoise forwards), the same
 denoise items (applying the staged rows, the stand-in forward and the step, which a GPU runs inside
 the forward's CUDA graph: the part of the worker's host work that a GPU host also does), scheduler
 ms per forward, forwards. On a GPU the forward runs asynchronously, so the worker's host time is
-what must stay under one forward's device time. With --count-ops also the torch operator calls per
-forward inside `ResidentBatch.layout` (the layout changes' row writes and views): each costs tens
-of microseconds of host time on a GPU (a dispatch, often a launch), a machine-independent count of
-that part of the host's work.
+what must stay under one forward's device time. Also rows per forward and the rows whose readout
+the worker refreshed (Worker._refresh): a machine-independent count of the per-row host work. With
+--count-ops also the torch operator calls per forward inside `ResidentBatch.layout` (the layout
+changes' row writes and views): each costs tens of microseconds of host time on a GPU (a dispatch,
+often a launch), a machine-independent count of that part of the host's work.
 """
 
 from __future__ import annotations
@@ -154,8 +155,17 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
         finally:
             worker_s += time.perf_counter() - t0
 
+    refreshes = 0
+    refresh = e.worker._refresh
+
+    def counted_refresh(*args: Any) -> None:
+        nonlocal refreshes
+        refreshes += 1
+        refresh(*args)
+
     e.worker.iterate = timed_iterate  # type: ignore[method-assign]
     e.worker._trace = timed_trace  # type: ignore[method-assign]
+    e.worker._refresh = counted_refresh  # type: ignore[method-assign]
     t0 = time.perf_counter()
     steps = 0
     while e.step():
@@ -173,6 +183,10 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             "worker_host_ms_per_forward_without_step": 1e3 * (worker_s - step_s) / max(
                 forwards, 1),
             "scheduler_ms_per_forward": 1e3 * sched_s / max(forwards, 1),
+            # machine-independent: rows a forward computes, and rows whose readout the
+            # worker looked at (Worker._refresh)
+            "rows_per_forward": sum(r.block_steps for r in e.reports) / max(forwards, 1),
+            "refreshes_per_forward": refreshes / max(forwards, 1),
             "wall_s": wall}
 
 
@@ -212,6 +226,8 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
           f"{row['worker_host_ms_per_forward']:.3f} ms/forward "
           f"({row['worker_host_ms_per_forward_without_step']:.3f} without the step), scheduler "
           f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
+          f"{row['rows_per_forward']:.1f} rows and {row['refreshes_per_forward']:.1f} "
+          f"refreshed a forward, "
           f"{row['finished']}/{row['requests']} finished{ops}", flush=True)
     return row
 

@@ -393,6 +393,17 @@ def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     assert by_mode["sync"]["layout_ops_per_forward"] > 0
 
 
+def test_worker_host_wavefront_refreshes_only_changed_rows() -> None:
+    """W = 2: every request finishes, and the worker looks at the readout rows whose flags
+    changed (readiness, convergence), not at every row of every forward."""
+    from benchmarks import worker_host
+
+    (row,) = worker_host.main(["--running", "8", "--modes", "fdfo", "--wavefront", "2",
+                               "--prompts-per-slot", "2", "--max-new-tokens", "64"])
+    assert row["finished"] == row["requests"] == 16
+    assert 0 < row["refreshes_per_forward"] < row["rows_per_forward"] / 2
+
+
 def test_worker_host_takes_the_median_of_repeats() -> None:
     """With several runs, each timed figure is their median and the runs' values are kept;
     counts come from the first run."""

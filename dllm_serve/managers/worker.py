@@ -256,9 +256,13 @@ class Worker:
         k = self.k
         notable = (data[:, k + CONVERGED] | data[:, k + BAD]) > 0
         notable |= launch.steps >= self.max_steps
-        if self.spec.wavefront:  # readiness, and blocks reopened when an earlier one changed
-            notable[:] = True
         rows, owners = launch.layout.rows, launch.layout.reqs
+        if self.spec.wavefront:  # readiness, and blocks reopened when an earlier one changed:
+            # the rows whose flags differ from what the host knows of their blocks
+            n = len(rows)
+            notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows), bool, n)
+            notable |= (data[:, k + CONVERGED] > 0) != np.fromiter(
+                (b.converged for b in rows), bool, n)
         for i in np.flatnonzero(notable).tolist():
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
