@@ -28,6 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import write_json  # noqa: E402
+from benchmarks.round_roofline import graphed  # noqa: E402
 from dllm_serve.kernels.host_copy import PublishRing  # noqa: E402
 
 
@@ -49,28 +50,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = max(1, int(ns.work_us / 0.5))
     ring = PublishRing(ns.rows, ns.width, dev, slots=2)
 
-    def graph_of(publish: bool) -> torch.cuda.CUDAGraph:
+    def body_of(publish: bool) -> Callable[[], None]:
         def body() -> None:
             for _ in range(steps):
                 x.mul_(1.0001)
             if publish:
                 ring.publish(dev_buf)
-        body()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        return graph
+        return body
 
-    graph, published = graph_of(False), graph_of(True)
+    replay, published = graphed(body_of(False), dev), graphed(body_of(True), dev)
     cases: dict[str, Callable[[int], None]] = {
-        "replay": lambda i: graph.replay(),
-        "replay + DMA to host": lambda i: (graph.replay(),
+        "replay": lambda i: replay(),
+        "replay + DMA to host": lambda i: (replay(),
                                            host[i % 2].copy_(dev_buf, non_blocking=True)),
-        "replay + kernel to host": lambda i: (graph.replay(), ring.publish(dev_buf)),
-        "replay with the kernel in the graph": lambda i: published.replay(),
+        "replay + kernel to host": lambda i: (replay(), ring.publish(dev_buf)),
+        "replay with the kernel in the graph": lambda i: published(),
         "DMA to device + replay": lambda i: (dev_buf.copy_(host[i % 2], non_blocking=True),
-                                             graph.replay()),
+                                             replay()),
     }
     for fn in cases.values():  # compile, warm
         fn(0)

@@ -140,7 +140,9 @@ def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None
     replays it, so a timing of a few short kernels measures the device, not Python's launches.
     fn as it is off CUDA."""
     if device.type != "cuda":
-        return lambda: None if fn() is None else None
+        def call() -> None:
+            fn()
+        return call
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):

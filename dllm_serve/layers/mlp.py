@@ -59,15 +59,16 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that."""
-        act = (silu_and_mul if self.kernel_backend == "torch"
-               else SILU_MUL_KERNELS.get(self.kernel_backend))
-        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, act)
+        y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, self._act())
         return y if residual is None else residual + y
 
     def from_gate_up(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The MLP's output (T, hidden) in `dtype` from gate_up (T, 2I) = x @ gate_up_proj.T
         computed elsewhere in fp32 (a GEMM shared with another projection of x): rounded to
         `dtype` first, so the values of `forward(x)`."""
-        act = (silu_and_mul if self.kernel_backend == "torch"
-               else SILU_MUL_KERNELS.get(self.kernel_backend))
-        return F.linear(act(gate_up, dtype), self.down_proj.weight)
+        return F.linear(self._act()(gate_up, dtype), self.down_proj.weight)
+
+    def _act(self) -> SiluMulKernel:
+        """The activation of `kernel_backend`: the oracle or a registered kernel."""
+        return (silu_and_mul if self.kernel_backend == "torch"
+                else SILU_MUL_KERNELS.get(self.kernel_backend))

@@ -101,12 +101,10 @@ class Columns:
         return Columns(*(list(getattr(self, f)) for f in COLUMN_FIELDS))
 
     def set(self, row: int, req: DeviceReq, block: Block) -> None:
-        """Row `row` := req's block (SETTING_COLUMNS spelled out: this runs for every row a
-        layout change touches)."""
-        s = req.settings
+        """Row `row` := req's block."""
         self.slots[row], self.first_starts[row] = req.slot, block.start
-        self.temperatures[row], self.top_ps[row], self.seeds[row] = s.temperature, s.top_p, s.seed
-        self.top_ks[row], self.min_ps[row] = s.top_k, s.min_p
+        for column, name in SETTING_COLUMNS:
+            getattr(self, column)[row] = getattr(req.settings, name)
 
     def truncate(self, n: int) -> None:
         """Keep rows [0, n)."""
