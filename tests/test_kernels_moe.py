@@ -16,6 +16,7 @@ from dllm_serve.kernels.fused_moe import (
 )
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
+from dllm_serve.layers.mlp import swiglu
 from dllm_serve.layers.moe import (
     Experts,
     Router,
@@ -203,6 +204,26 @@ def test_fused_experts_equal_reference(tokens: int, experts: int, hidden: int,
     assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < tolerance(torch.float32)
 
 
+@pytest.mark.parametrize("tokens,experts,block_m", [(1, 8, None), (37, 8, 16), (90, 4, 32)])
+def test_fused_shared_expert_equals_its_own_mlp(tokens: int, experts: int,
+                                                block_m: int | None) -> None:
+    """A shared expert of the routed width, computed as one more expert (its blocks after the
+    routed ones, several of them past block_m tokens): routed sum + shared + residual, as the
+    reference adds them."""
+    x, w13, w2, ids, weights = experts_case(tokens, experts, 64, 32, top_k=2)
+    gen = torch.Generator().manual_seed(tokens)
+    shared = (rand(64, 64, gen=gen, scale=0.125), rand(64, 32, gen=gen, scale=0.18))
+    residual = rand(tokens, 64, gen=gen)
+    out = fused_experts(x, w13, w2, ids, weights, addends=(residual,), block_m=block_m,
+                        shared=shared)
+    ref = add_in_order(moe_reference(x, w13, w2, ids, weights),
+                       (swiglu(x, *shared), residual))
+    assert out.shape == (tokens, 64)
+    assert rel_err(out, ref) < tolerance(torch.float32)
+    with pytest.raises(ValueError, match="routed experts' shapes"):
+        fused_experts(x, w13, w2, ids, weights, shared=(shared[0][:32], shared[1][:, :16]))
+
+
 TABLE_LAUNCHES = sorted({launch for _, up, down in MOE_LAUNCHES for launch in (up, down)},
                         key=repr)
 EDGE_LAUNCHES = [MoeLaunch(32, 32, 4, 2), MoeLaunch(256, 128, 8, 4), MoeLaunch(128, 32, 8, 3)]
@@ -267,13 +288,15 @@ def test_sum_choices_adds_the_addends_as_torch_does(count: int, dtype: torch.dty
         sum_choices(y, w, dtype, addends * 3)
 
 
-def test_moe_block_adds_shared_experts_and_residual_in_the_final_pass() -> None:
+@pytest.mark.parametrize("shared_width", [16, 32])  # 32: the routed width, fused as an expert
+def test_moe_block_adds_shared_experts_and_residual_in_the_final_pass(shared_width: int
+                                                                      ) -> None:
     """SparseMoeBlock with the Triton backend: experts + shared experts + residual equal the
     torch backend's three separate adds, within the experts' rounding."""
     gen = torch.Generator().manual_seed(5)
     experts, p = ROUTINGS["tiny"]
     block = SparseMoeBlock(64, experts, 32, p, expert_bias=False, router_fp32=True,
-                           shared_intermediate=16).to(DEVICE, torch.bfloat16)
+                           shared_intermediate=shared_width).to(DEVICE, torch.bfloat16)
     for param in block.parameters():
         param.data.copy_(rand(*param.shape, gen=gen, scale=0.2).to(param.dtype))
     x, h = rand(23, 64, gen=gen, dtype=torch.bfloat16), rand(23, 64, gen=gen, dtype=torch.bfloat16)
@@ -412,12 +435,13 @@ def test_merged_weight_holds_the_router_split_once() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [32, 512])
 def test_moe_block_merges_router_and_shared_gemms(tokens: int) -> None:
-    """With a kernel backend on CUDA (bf16, split router) the MoE block computes the router's
+    """With a kernel backend on CUDA (bf16, split router) and shared experts wider than a
+    routed one (two of them: not fused as an expert) the MoE block computes the router's
     parts and the shared experts' gate_up in one GEMM: the same routing and, within bf16
     rounding, the same output as the two GEMMs (LLaDA2.0-mini's widths, fewer experts)."""
     gen = torch.Generator().manual_seed(tokens)
     block = SparseMoeBlock(2048, 64, 512, LLADA2, expert_bias=True, router_fp32=True,
-                           shared_intermediate=512).to(DEVICE)
+                           shared_intermediate=1024).to(DEVICE)
     for param in block.parameters():
         param.data.copy_(rand(*param.shape, gen=gen, scale=0.02))
     block.experts.to(torch.bfloat16)
@@ -429,13 +453,33 @@ def test_moe_block_merges_router_and_shared_gemms(tokens: int) -> None:
     assert block._merged is None
     block.kernel_backend = "triton"
     out = block(x, residual=h)
-    assert block._merged is not None and block._merged[1].shape == (3 * 64 + 1024, 2048)
+    assert block._merged is not None and block._merged[1].shape == (3 * 64 + 2048, 2048)
     logits, shared = block._gate_and_shared(x)
-    assert logits.shape == (tokens, 3, 64) and logits.stride(0) == 3 * 64 + 1024
+    assert logits.shape == (tokens, 3, 64) and logits.stride(0) == 3 * 64 + 2048
     assert torch.allclose(sum_logit_parts(logits), sum_logit_parts(block.gate(x)),
                           rtol=1e-5, atol=1e-5)
     assert rel_err(shared[0], block.shared_experts(x)) < 1e-2
     assert rel_err(out, ref) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 512, 2048])
+def test_llada2_mini_moe_block_fuses_its_shared_expert(tokens: int) -> None:
+    """LLaDA2.0-mini's MoE layer (256 experts, one shared expert of the routed width) with the
+    Triton backend computes the shared expert among the routed ones: within bf16 rounding of
+    the torch backend's routed sum + shared MLP + residual."""
+    gen = torch.Generator().manual_seed(tokens)
+    block = SparseMoeBlock(2048, 256, 512, LLADA2, expert_bias=True, router_fp32=True,
+                           shared_intermediate=512).to(DEVICE)
+    for param in block.parameters():
+        param.data.copy_(rand(*param.shape, gen=gen, scale=0.02))
+    block.experts.to(torch.bfloat16)
+    block.shared_experts.to(torch.bfloat16)
+    x = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
+    h = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
+    ref = block(x, residual=h)
+    set_moe_backend(block, "triton")
+    assert rel_err(block(x, residual=h), ref) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -10,6 +10,11 @@
    output rounded once, as `moe_reference` rounds it; half the bytes of fp32 rows);
 5. `_sum_kernel`: each token's K rows times their routing weights, summed in fp32 in choice
    order, cast to x.dtype (one pass).
+A shared expert of the routed experts' width (LLaDA2.0-mini's) is one more expert here: its
+blocks (every token, rows A .. A + T of h and y) follow the routed blocks in the same two
+launches, and its rows are the first addend of the sum. That is two kernels fewer per MoE
+layer than its own GEMMs and activation (at a denoise round's few rows each such GEMM costs
+its launch latency, ~5 us on an H200, more than its bytes).
 Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
 of assignments (benchmarks/moe_tune.py measures the candidates).
 Program ids run the blocks of one N tile consecutively, so the blocks of one expert (same
@@ -34,7 +39,13 @@ from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
-from dllm_serve.layers.moe import MOE_BACKENDS, RoutingParams, route, sum_logit_parts
+from dllm_serve.layers.moe import (
+    MOE_BACKENDS,
+    RoutingParams,
+    SharedExpert,
+    route,
+    sum_logit_parts,
+)
 
 
 @dataclass(frozen=True)
@@ -86,37 +97,49 @@ def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
 @MOE_BACKENDS.register("triton")
 def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
                p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-               addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+               addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None
+               ) -> torch.Tensor:
     """The MOE_BACKENDS "triton" entry: fused routing of the logits (T, E) or their partial
-    sums (T, P, E) (where its shapes allow) + fused experts, the addends added in the
-    experts' final pass."""
+    sums (T, P, E) (where its shapes allow) + fused experts (the shared expert among them),
+    the addends added in the experts' final pass."""
     if route_supports(router_logits.shape[-1], p):
         topk_ids, topk_weights = fused_route(router_logits, expert_bias, p)
     else:
         topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
-    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends)
+    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends, shared=shared)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor,
                   launches: tuple[MoeLaunch, MoeLaunch] | None = None,
-                  addends: tuple[torch.Tensor, ...] = (), block_m: int | None = None
-                  ) -> torch.Tensor:
+                  addends: tuple[torch.Tensor, ...] = (), block_m: int | None = None,
+                  shared: SharedExpert | None = None) -> torch.Tensor:
     """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids/topk_weights (T, K)
     -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding, then the addends
-    (T, hidden) added in order (`sum_choices`). `launches` (up, down) overrides the table's
-    and `block_m` the expert blocks' rows (tests, benchmarks/moe_tune.py)."""
+    (T, hidden) added in order (`sum_choices`). `shared` (2I, hidden), (hidden, I): a shared
+    expert of the same width, computed with the routed ones and added (unweighted) before the
+    addends. `launches` (up, down) overrides the table's and `block_m` the expert blocks'
+    rows (tests, benchmarks/moe_tune.py)."""
     check_device(x, "fused_experts")
     t, k = topk_ids.shape
     hidden = w2.shape[1]
     if t == 0:
         return x.new_zeros(0, hidden)
+    if shared is not None and (shared[0].shape != w13.shape[1:] or shared[1].shape != w2.shape[1:]):
+        raise ValueError(f"a fused shared expert must have the routed experts' shapes "
+                         f"{tuple(w13.shape[1:])}, {tuple(w2.shape[1:])}; got "
+                         f"{tuple(shared[0].shape)}, {tuple(shared[1].shape)}")
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     blocks = expert_blocks(topk_ids, w2.shape[0], block_m)
     up, down = launches or choose_moe_launches(t * k)
-    h = up_proj(x, w13, blocks, k, up)  # (A, I)
-    y = down_proj(h, w2, blocks, down)  # (A, hidden)
-    return sum_choices(y, topk_weights, x.dtype, addends)
+    if shared is None:
+        h = up_proj(x, w13, blocks, k, up)  # (A, I)
+        y = down_proj(h, w2, blocks, down)  # (A, hidden)
+        return sum_choices(y, topk_weights, x.dtype, addends)
+    h = up_proj(x, w13, blocks, k, up, shared[0].contiguous())  # (A + T, I)
+    y = down_proj(h, w2, blocks, down, shared[1].contiguous(), t)  # (A + T, hidden)
+    a = t * k
+    return sum_choices(y[:a], topk_weights, x.dtype, (y[a:], *addends))
 
 
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int | None = None
@@ -128,31 +151,40 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int | None 
 
 
 def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int,
-            launch: MoeLaunch) -> torch.Tensor:
+            launch: MoeLaunch, shared: torch.Tensor | None = None) -> torch.Tensor:
     """x (T, hidden), w13 (E, 2I, hidden), both contiguous -> h (A, I) in x.dtype, A = T * top_k:
-    row a = silu(gate) * up of token a // top_k through its expert."""
-    a, hidden, inter = x.shape[0] * top_k, x.shape[1], w13.shape[1] // 2
-    h = x.new_empty(a, inter)
+    row a = silu(gate) * up of token a // top_k through its expert. With `shared` (2I, hidden)
+    contiguous: h (A + T, I), row A + t = token t through it (cdiv(T, block_m) more blocks)."""
+    t, hidden, inter = x.shape[0], x.shape[1], w13.shape[1] // 2
+    a = t * top_k
+    extra = 0 if shared is None else triton.cdiv(t, blocks.block_m)
+    h = x.new_empty(a + (0 if shared is None else t), inter)
+    all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _up_kernel[(blocks.max_blocks * triton.cdiv(inter, run.block_n),)](
-            x, w13, h, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
-            w13.stride(0), blocks.max_blocks, a, hidden, inter, TOP_K=top_k,
-            **launch_args(blocks, run))
+        _up_kernel[(all_blocks * triton.cdiv(inter, run.block_n),)](
+            x, w13, w13 if shared is None else shared, h, blocks.sorted_rows,
+            blocks.block_expert, blocks.num_slots, w13.stride(0), blocks.max_blocks,
+            all_blocks, a, t, hidden, inter, TOP_K=top_k, **launch_args(blocks, run))
 
     _run_fitting("up", blocks.block_m, launch, go)
     return h
 
 
-def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks,
-              launch: MoeLaunch) -> torch.Tensor:
+def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: MoeLaunch,
+              shared: torch.Tensor | None = None, tokens: int = 0) -> torch.Tensor:
     """h (A, I), w2 (E, hidden, I) contiguous -> y (A, hidden) in h.dtype: row a = h[a] through
-    its expert's down projection (fp32 accumulation, rounded once)."""
-    (a, inter), hidden = h.shape, w2.shape[1]
-    y = h.new_empty(a, hidden)
+    its expert's down projection (fp32 accumulation, rounded once). With `shared` (hidden, I)
+    contiguous: h (A + tokens, I) from up_proj's shared expert, y (A + tokens, hidden)."""
+    (rows, inter), hidden = h.shape, w2.shape[1]
+    a = rows - (0 if shared is None else tokens)
+    extra = 0 if shared is None else triton.cdiv(tokens, blocks.block_m)
+    y = h.new_empty(rows, hidden)
+    all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _down_kernel[(blocks.max_blocks * triton.cdiv(hidden, run.block_n),)](
-            h, w2, y, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
-            w2.stride(0), blocks.max_blocks, a, hidden, inter, **launch_args(blocks, run))
+        _down_kernel[(all_blocks * triton.cdiv(hidden, run.block_n),)](
+            h, w2, w2 if shared is None else shared, y, blocks.sorted_rows,
+            blocks.block_expert, blocks.num_slots, w2.stride(0), blocks.max_blocks,
+            all_blocks, a, rows - a, hidden, inter, **launch_args(blocks, run))
 
     _run_fitting("down", blocks.block_m, launch, go)
     return y
@@ -215,28 +247,47 @@ def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool
 
 
 @triton.jit
-def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, num_rows,
-                BLOCK_M: tl.constexpr):
-    """This program's block: (expert or -1 when unused, assignment rows, row validity)."""
-    block = tl.program_id(0) % max_blocks
-    expert = tl.load(BlockExpert + block)
-    expert = tl.where(block * BLOCK_M < tl.load(NumSlots), expert, -1)
-    rows = tl.load(SortedRows + block * BLOCK_M + tl.arange(0, BLOCK_M))  # (BLOCK_M,)
-    return expert, rows, rows < num_rows
+def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows,
+                num_shared, BLOCK_M: tl.constexpr):
+    """This program's block: (expert, -1 when unused; whether it is a block of the shared
+    expert (those follow the max_blocks routed ones); rows of h / y; row validity). The shared
+    expert's rows are num_rows + t for its num_shared tokens t."""
+    block = tl.program_id(0) % all_blocks
+    shared = block >= max_blocks
+    routed = tl.minimum(block, max_blocks - 1)  # in bounds either way
+    expert = tl.load(BlockExpert + routed)
+    expert = tl.where(shared, 0, tl.where(block * BLOCK_M < tl.load(NumSlots), expert, -1))
+    m = tl.arange(0, BLOCK_M)
+    rows = tl.where(shared, num_rows + (block - max_blocks) * BLOCK_M + m,
+                    tl.load(SortedRows + routed * BLOCK_M + m))  # (BLOCK_M,)
+    valid = tl.where(shared, rows < num_rows + num_shared, rows < num_rows)
+    return expert, shared, rows, valid
 
 
 @triton.jit
-def _up_kernel(X, W13, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks, num_rows,
-               hidden, inter, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
-    """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n])."""
-    expert, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, num_rows,
-                                      BLOCK_M)
+def _expert_weight(W, WShared, expert, shared, stride_we):
+    """The block's weight: expert `expert` of W, or the shared expert's."""
+    if shared:
+        w = WShared
+    else:
+        w = W + expert.to(tl.int64) * stride_we
+    return w
+
+
+@triton.jit
+def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
+               all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT_F32: tl.constexpr):
+    """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]); the
+    shared expert's rows num_rows + t: the same of token t through WShared."""
+    expert, shared, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks,
+                                              all_blocks, num_rows, num_tokens, BLOCK_M)
     if expert >= 0:
-        n = (tl.program_id(0) // max_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        n = (tl.program_id(0) // all_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = n < inter
-        tokens = rows // TOP_K
-        w = W13 + expert.to(tl.int64) * stride_we
+        tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
+        w = _expert_weight(W13, WShared, expert, shared, stride_we)
         gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -256,16 +307,17 @@ def _up_kernel(X, W13, H, SortedRows, BlockExpert, NumSlots, stride_we, max_bloc
 
 
 @triton.jit
-def _down_kernel(H, W2, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
-                 num_rows, hidden, inter, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
-    """y[a, n] = h[a] . w2[e, n], accumulated in fp32, stored in Y's dtype."""
-    expert, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, num_rows,
-                                      BLOCK_M)
+def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
+                 all_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+    """y[a, n] = h[a] . w2[e, n] (WShared for the shared expert's rows), accumulated in fp32,
+    stored in Y's dtype."""
+    expert, shared, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks,
+                                              all_blocks, num_rows, num_shared, BLOCK_M)
     if expert >= 0:
-        n = (tl.program_id(0) // max_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        n = (tl.program_id(0) // all_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = n < hidden
-        w = W2 + expert.to(tl.int64) * stride_we
+        w = _expert_weight(W2, WShared, expert, shared, stride_we)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)

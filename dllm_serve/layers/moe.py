@@ -202,11 +202,15 @@ def split_bf16(w: torch.Tensor) -> torch.Tensor:
     return torch.stack([hi, mid, lo])
 
 
+# A shared expert of the routed experts' width: (gate_up (2I, hidden), down (hidden, I)).
+SharedExpert = tuple[torch.Tensor, torch.Tensor]
 # (x (T, hidden), router_logits (T, P, E) partial sums (`sum_logit_parts`) or (T, E),
-# expert_bias (E,) | None, routing, w13, w2, addends) -> (T, hidden): the routed experts'
-# weighted sum, then each addend (T, hidden) added in order
+# expert_bias (E,) | None, routing, w13, w2, addends, shared) -> (T, hidden): the routed
+# experts' weighted sum, then the shared expert's output (when given), then each addend
+# (T, hidden), added in order
 MoeImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RoutingParams,
-                    torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
+                    torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], SharedExpert | None],
+                   torch.Tensor]
 MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
 
 
@@ -218,23 +222,34 @@ def add_in_order(y: torch.Tensor, addends: tuple[torch.Tensor, ...]) -> torch.Te
     return y
 
 
+def with_shared(x: torch.Tensor, shared: SharedExpert | None,
+                addends: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The addends after the routed sum: the shared expert's output (`swiglu`), if any, first."""
+    return addends if shared is None else (swiglu(x, *shared), *addends)
+
+
 @MOE_BACKENDS.register("torch")
 def torch_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-              addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-    """The reference: `route` of the summed logits, then `moe_reference`, then the addends."""
+              addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None
+              ) -> torch.Tensor:
+    """The reference: `route` of the summed logits, then `moe_reference`, then the shared
+    expert and the addends."""
     topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
-    return add_in_order(moe_reference(x, w13, w2, topk_ids, topk_weights), addends)
+    return add_in_order(moe_reference(x, w13, w2, topk_ids, topk_weights),
+                        with_shared(x, shared, addends))
 
 
 @MOE_BACKENDS.register("dense")
 def dense_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
               p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-              addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+              addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None
+              ) -> torch.Tensor:
     """`route` of the summed logits, then `moe_dense` (training: no host sync,
-    autograd-friendly), then the addends."""
+    autograd-friendly), then the shared expert and the addends."""
     topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
-    return add_in_order(moe_dense(x, w13, w2, topk_ids, topk_weights), addends)
+    return add_in_order(moe_dense(x, w13, w2, topk_ids, topk_weights),
+                        with_shared(x, shared, addends))
 
 
 class Experts(nn.Module):
@@ -249,11 +264,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 expert_bias: torch.Tensor | None, routing: RoutingParams,
-                addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None
+                ) -> torch.Tensor:
         """x (T, hidden), router_logits (T, P, E) partial sums or (T, E) -> routed experts'
-        weighted sum (T, hidden), plus the addends (T, hidden) in order."""
+        weighted sum (T, hidden), plus the shared expert's output and the addends (T, hidden)
+        in order."""
         impl = MOE_BACKENDS.get(self.backend)
-        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends)
+        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends, shared)
 
 
 def set_moe_backend(model: nn.Module, name: str) -> None:
@@ -285,10 +302,18 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
         shared experts' output and the residual are added in the experts' final pass
-        (`add_in_order`: routed sum + shared, then + residual)."""
-        logits, shared = self._gate_and_shared(x)
-        addends = shared + (() if residual is None else (residual,))
-        return self.experts(x, logits, self.gate.expert_bias, self.routing, addends)
+        (`add_in_order`: routed sum + shared, then + residual). With the Triton experts and a
+        shared expert of the routed width, the shared expert is computed as one more routed
+        expert (kernels/fused_moe.py)."""
+        rest = () if residual is None else (residual,)
+        s = self.shared_experts
+        if (s is not None and self.experts.backend == "triton"
+                and s.gate_up_proj.weight.shape == self.experts.w13.shape[1:]):
+            shared = (s.gate_up_proj.weight, s.down_proj.weight)
+            return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, rest,
+                                shared)
+        logits, shared_out = self._gate_and_shared(x)
+        return self.experts(x, logits, self.gate.expert_bias, self.routing, shared_out + rest)
 
     def _gate_and_shared(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The router's partial logits (T, P, E) and the shared experts' output (T, hidden) as
