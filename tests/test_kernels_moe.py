@@ -222,6 +222,8 @@ def test_fused_shared_expert_equals_its_own_mlp(tokens: int, experts: int,
     assert rel_err(out, ref) < tolerance(torch.float32)
     with pytest.raises(ValueError, match="routed experts' shapes"):
         fused_experts(x, w13, w2, ids, weights, shared=(shared[0][:32], shared[1][:, :16]))
+    with pytest.raises(ValueError, match="and dtype"):
+        fused_experts(x, w13, w2, ids, weights, shared=(shared[0].double(), shared[1]))
 
 
 TABLE_LAUNCHES = sorted({launch for _, up, down in MOE_LAUNCHES for launch in (up, down)},

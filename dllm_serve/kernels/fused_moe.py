@@ -125,10 +125,12 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     hidden = w2.shape[1]
     if t == 0:
         return x.new_zeros(0, hidden)
-    if shared is not None and (shared[0].shape != w13.shape[1:] or shared[1].shape != w2.shape[1:]):
+    if shared is not None and (shared[0].shape != w13.shape[1:] or shared[1].shape != w2.shape[1:]
+                               or shared[0].dtype != w13.dtype or shared[1].dtype != w2.dtype):
         raise ValueError(f"a fused shared expert must have the routed experts' shapes "
-                         f"{tuple(w13.shape[1:])}, {tuple(w2.shape[1:])}; got "
-                         f"{tuple(shared[0].shape)}, {tuple(shared[1].shape)}")
+                         f"{tuple(w13.shape[1:])}, {tuple(w2.shape[1:])} and dtype {w13.dtype}; "
+                         f"got {tuple(shared[0].shape)}, {tuple(shared[1].shape)}, "
+                         f"{shared[0].dtype}")
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     blocks = expert_blocks(topk_ids, w2.shape[0], block_m)
     up, down = launches or choose_moe_launches(t * k)

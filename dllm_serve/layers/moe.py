@@ -308,7 +308,8 @@ class SparseMoeBlock(nn.Module):
         rest = () if residual is None else (residual,)
         s = self.shared_experts
         if (s is not None and self.experts.backend == "triton"
-                and s.gate_up_proj.weight.shape == self.experts.w13.shape[1:]):
+                and s.gate_up_proj.weight.shape == self.experts.w13.shape[1:]
+                and s.gate_up_proj.weight.dtype == self.experts.w13.dtype):
             shared = (s.gate_up_proj.weight, s.down_proj.weight)
             return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, rest,
                                 shared)
