@@ -10,6 +10,7 @@ from dllm_serve.kernels.fused_moe import (
     MOE_LAUNCHES,
     MoeLaunch,
     choose_moe_launches,
+    down_proj,
     fused_experts,
     sum_choices,
     triton_moe,
@@ -18,6 +19,7 @@ from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.layers.mlp import swiglu
 from dllm_serve.layers.moe import (
+    MOE_BACKENDS,
     Experts,
     Router,
     RoutingParams,
@@ -204,26 +206,62 @@ def test_fused_experts_equal_reference(tokens: int, experts: int, hidden: int,
     assert rel_err(out, moe_reference(x, w13, w2, ids, weights)) < tolerance(torch.float32)
 
 
-@pytest.mark.parametrize("tokens,experts,block_m", [(1, 8, None), (37, 8, 16), (90, 4, 32)])
-def test_fused_shared_expert_equals_its_own_mlp(tokens: int, experts: int,
-                                                block_m: int | None) -> None:
-    """A shared expert of the routed width, computed as one more expert (its blocks after the
-    routed ones, several of them past block_m tokens): routed sum + shared + residual, as the
-    reference adds them."""
-    x, w13, w2, ids, weights = experts_case(tokens, experts, 64, 32, top_k=2)
+def shared_case(tokens: int, hidden: int, inter: int) -> tuple[tuple[torch.Tensor, ...],
+                                                               torch.Tensor]:
+    """A shared expert (gate_up (2I, hidden), down (hidden, I)) and a residual (T, hidden)."""
     gen = torch.Generator().manual_seed(tokens)
-    shared = (rand(64, 64, gen=gen, scale=0.125), rand(64, 32, gen=gen, scale=0.18))
-    residual = rand(tokens, 64, gen=gen)
-    out = fused_experts(x, w13, w2, ids, weights, addends=(residual,), block_m=block_m,
+    shared = (rand(2 * inter, hidden, gen=gen, scale=hidden ** -0.5),
+              rand(hidden, inter, gen=gen, scale=inter ** -0.5))
+    return shared, rand(tokens, hidden, gen=gen)
+
+
+# (tokens, experts, block_m, with the residual): one token; shared blocks past block_m tokens,
+# the last one partial; exactly two full shared blocks; 6 experts (the torch sort's path)
+@pytest.mark.parametrize("tokens,experts,block_m,residual", [
+    (1, 8, None, True), (37, 8, 16, True), (90, 4, 32, True), (32, 8, 16, False),
+    (29, 6, 16, True)])
+def test_fused_shared_expert_equals_its_own_mlp(tokens: int, experts: int, block_m: int | None,
+                                                residual: bool) -> None:
+    """A shared expert of the routed width, computed as one more expert (its blocks after the
+    routed ones): routed sum + shared (+ residual), as the reference adds them."""
+    x, w13, w2, ids, weights = experts_case(tokens, experts, 64, 32, top_k=2)
+    shared, res = shared_case(tokens, 64, 32)
+    addends = (res,) if residual else ()
+    out = fused_experts(x, w13, w2, ids, weights, addends=addends, block_m=block_m,
                         shared=shared)
-    ref = add_in_order(moe_reference(x, w13, w2, ids, weights),
-                       (swiglu(x, *shared), residual))
+    ref = add_in_order(moe_reference(x, w13, w2, ids, weights), (swiglu(x, *shared), *addends))
     assert out.shape == (tokens, 64)
     assert rel_err(out, ref) < tolerance(torch.float32)
+
+
+def test_fused_shared_expert_refuses_what_it_cannot_fuse() -> None:
+    """Another width or dtype, two addends beside it (the choice sum takes two), and a down
+    projection told nothing of its shared rows: clear errors, before any kernel runs."""
+    x, w13, w2, ids, weights = experts_case(5, 8, 64, 32, top_k=2)
+    shared, res = shared_case(5, 64, 32)
     with pytest.raises(ValueError, match="routed experts' shapes"):
         fused_experts(x, w13, w2, ids, weights, shared=(shared[0][:32], shared[1][:, :16]))
-    with pytest.raises(ValueError, match="and dtype"):
-        fused_experts(x, w13, w2, ids, weights, shared=(shared[0].double(), shared[1]))
+    with pytest.raises(ValueError, match="torch.float64"):
+        fused_experts(x, w13, w2, ids, weights, shared=(shared[0], shared[1].double()))
+    with pytest.raises(ValueError, match="at most one addend"):
+        fused_experts(x, w13, w2, ids, weights, addends=(res, res), shared=shared)
+    blocks = align_by_expert(ids, 8, 16)
+    with pytest.raises(ValueError, match="token count"):
+        down_proj(x.new_zeros(15, 32), w2, blocks, MOE_LAUNCHES[0][2], shared=shared[1])
+
+
+@pytest.mark.parametrize("backend", ["torch", "dense", "triton"])
+def test_every_backend_adds_the_shared_expert_first(backend: str) -> None:
+    """MOE_BACKENDS' contract: routed sum, then the shared expert's output, then the addends."""
+    x, w13, w2, _, _ = experts_case(9, 8, 64, 32, top_k=2)
+    shared, res = shared_case(9, 64, 32)
+    gen = torch.Generator().manual_seed(9)
+    logits = rand(9, 8, gen=gen)
+    p = RoutingParams(2, "softmax", 0, 0, True, 1.5)
+    ids, weights = route(logits, None, p)
+    out = MOE_BACKENDS.get(backend)(x, logits, None, p, w13, w2, (res,), shared)
+    ref = add_in_order(moe_reference(x, w13, w2, ids, weights), (swiglu(x, *shared), res))
+    assert rel_err(out, ref) < tolerance(torch.float32)
 
 
 TABLE_LAUNCHES = sorted({launch for _, up, down in MOE_LAUNCHES for launch in (up, down)},
@@ -308,7 +346,17 @@ def test_moe_block_adds_shared_experts_and_residual_in_the_final_pass(shared_wid
     assert block.shared_experts is not None
     assert torch.equal(ref, h + (routed + block.shared_experts(x)))  # the unfused formula
     set_moe_backend(block, "triton")
+    assert (block._fused_shared() is not None) == (shared_width == 32)
+    calls = []
+    mlp_forward = block.shared_experts.forward
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return mlp_forward(*args)
+
+    block.shared_experts.forward = counted  # type: ignore[method-assign]
     out = block(x, residual=h)
+    assert calls == ([] if shared_width == 32 else [1])  # fused: the MLP never runs alone
     assert rel_err(out, ref) < tolerance(torch.bfloat16)
 
 

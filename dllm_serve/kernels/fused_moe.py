@@ -5,9 +5,11 @@
 2. `sort_by_expert` sorts the T*K assignments by expert into padded blocks (moe_sort.py; its
    oracle `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
-   assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I);
-4. `_down_kernel`: per (block, N tile) y = h @ down^T -> (A, hidden) in x.dtype (each expert's
-   output rounded once, as `moe_reference` rounds it; half the bytes of fp32 rows);
+   assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I), (A + T, I)
+   with a shared expert;
+4. `_down_kernel`: per (block, N tile) y = h @ down^T -> (A, hidden) in x.dtype, (A + T,
+   hidden) with a shared expert (each expert's output rounded once, as `moe_reference` rounds
+   it; half the bytes of fp32 rows);
 5. `_sum_kernel`: each token's K rows times their routing weights, summed in fp32 in choice
    order, cast to x.dtype (one pass).
 A shared expert of the routed experts' width (LLaDA2.0-mini's) is one more expert here: its
@@ -40,9 +42,11 @@ from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
+    FUSES_SHARED,
     MOE_BACKENDS,
     RoutingParams,
     SharedExpert,
+    fuses_shared,
     route,
     sum_logit_parts,
 )
@@ -94,6 +98,9 @@ def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
     return next((up, down) for bound, up, down in MOE_LAUNCHES if num_assignments <= bound)
 
 
+FUSES_SHARED.add("triton")  # fused_experts computes a shared expert among the routed ones
+
+
 @MOE_BACKENDS.register("triton")
 def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
                p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
@@ -125,12 +132,12 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     hidden = w2.shape[1]
     if t == 0:
         return x.new_zeros(0, hidden)
-    if shared is not None and (shared[0].shape != w13.shape[1:] or shared[1].shape != w2.shape[1:]
-                               or shared[0].dtype != w13.dtype or shared[1].dtype != w2.dtype):
-        raise ValueError(f"a fused shared expert must have the routed experts' shapes "
-                         f"{tuple(w13.shape[1:])}, {tuple(w2.shape[1:])} and dtype {w13.dtype}; "
-                         f"got {tuple(shared[0].shape)}, {tuple(shared[1].shape)}, "
-                         f"{shared[0].dtype}")
+    if shared is not None:
+        check_shared(shared, w13, w2)
+        if len(addends) > 1:
+            raise ValueError(f"with a shared expert fused_experts adds at most one addend (the "
+                             f"choice sum takes two: the shared expert's and it); got "
+                             f"{len(addends)}")
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     blocks = expert_blocks(topk_ids, w2.shape[0], block_m)
     up, down = launches or choose_moe_launches(t * k)
@@ -142,6 +149,14 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     y = down_proj(h, w2, blocks, down, shared[1].contiguous(), t)  # (A + T, hidden)
     a = t * k
     return sum_choices(y[:a], topk_weights, x.dtype, (y[a:], *addends))
+
+
+def check_shared(shared: SharedExpert, w13: torch.Tensor, w2: torch.Tensor) -> None:
+    if not fuses_shared(shared, w13, w2):
+        raise ValueError(f"a fused shared expert must have the routed experts' shapes "
+                         f"{tuple(w13.shape[1:])}, {tuple(w2.shape[1:])} and dtypes "
+                         f"{w13.dtype}, {w2.dtype}; got {tuple(shared[0].shape)}, "
+                         f"{tuple(shared[1].shape)}, {shared[0].dtype}, {shared[1].dtype}")
 
 
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int | None = None
@@ -176,7 +191,10 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: M
               shared: torch.Tensor | None = None, tokens: int = 0) -> torch.Tensor:
     """h (A, I), w2 (E, hidden, I) contiguous -> y (A, hidden) in h.dtype: row a = h[a] through
     its expert's down projection (fp32 accumulation, rounded once). With `shared` (hidden, I)
-    contiguous: h (A + tokens, I) from up_proj's shared expert, y (A + tokens, hidden)."""
+    contiguous and `tokens` = T > 0: h (A + T, I) from up_proj's shared expert, y (A + T,
+    hidden)."""
+    if shared is not None and tokens <= 0:
+        raise ValueError("down_proj with a shared expert needs its token count (h's last rows)")
     (rows, inter), hidden = h.shape, w2.shape[1]
     a = rows - (0 if shared is None else tokens)
     extra = 0 if shared is None else triton.cdiv(tokens, blocks.block_m)

@@ -6,8 +6,8 @@ each expert's run padded to a multiple of block_m), same static shapes, no host 
 2. `_prefix_kernel`, one program per slice of EXPERT_SLICE experts: for each chunk its
    exclusive per-expert prefix over earlier chunks (C, E), and the experts' totals (E,);
 3. `_place_kernel`, one program per chunk, then one per block. Each first scans the E totals
-   into the experts' padded starts (E = 256 values: cheaper than a launch of its own, which
-   the starts once had). A chunk's program puts each assignment at slot = start[e] +
+   into the experts' padded starts (E values, 256 in LLaDA2.0-mini: cheaper than a launch of
+   its own, which the starts once had). A chunk's program puts each assignment at slot = start[e] +
    prefix[chunk, e] + the number of earlier assignments of e in the chunk (stable order); a
    block's program writes the block's expert (-1 past the used blocks) and the padding value
    (A) in every slot of the block that holds no assignment. The two kinds write disjoint
@@ -26,7 +26,7 @@ import triton.language as tl
 from dllm_serve.kernels.moe_align import ExpertBlocks
 from dllm_serve.kernels.runtime import cdiv, check_device, next_pow2
 
-CHUNK = 128  # assignments per program in the count and scatter kernels
+CHUNK = 128  # assignments per program of the count kernel and of the placing chunks
 EXPERT_SLICE = 16  # experts per program of the prefix kernel
 
 

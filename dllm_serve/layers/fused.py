@@ -6,7 +6,8 @@ oracle: the default, and the path on the CPU); `set_kernel_backend(model, "trito
 every such module to the kernels registered under that name in `layers.norm.NORM_KERNELS`,
 `layers.rotary.QK_ROPE_KERNELS` and `layers.mlp.SILU_MUL_KERNELS` (dllm_serve.kernels
 registers "triton"). The MoE block (`layers.moe.SparseMoeBlock`) declares it too: off "torch"
-it computes its router's and shared experts' projections in one GEMM on CUDA.
+it computes its router's and shared experts' projections in one GEMM on CUDA, unless its
+experts' backend computes the shared expert among the routed ones (`FUSES_SHARED`).
 """
 
 from __future__ import annotations

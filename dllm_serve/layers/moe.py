@@ -207,11 +207,22 @@ SharedExpert = tuple[torch.Tensor, torch.Tensor]
 # (x (T, hidden), router_logits (T, P, E) partial sums (`sum_logit_parts`) or (T, E),
 # expert_bias (E,) | None, routing, w13, w2, addends, shared) -> (T, hidden): the routed
 # experts' weighted sum, then the shared expert's output (when given), then each addend
-# (T, hidden), added in order
+# (T, hidden), added in order (a kernel backend may take fewer addends: "triton" two, or one
+# beside a shared expert)
 MoeImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RoutingParams,
                     torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], SharedExpert | None],
                    torch.Tensor]
 MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
+# The backends that compute a shared expert of the routed shape and dtype among the routed ones
+# (one more expert in their GEMMs): the MoE block hands it to them instead of running it itself
+FUSES_SHARED: set[str] = set()
+
+
+def fuses_shared(shared: SharedExpert, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether the shared expert can run as one more expert beside (w13, w2): the routed
+    experts' shapes and dtypes (a kernel reads both through one pointer type)."""
+    return all(s.shape == w.shape[1:] and s.dtype == w.dtype
+               for s, w in zip(shared, (w13, w2), strict=True))
 
 
 def add_in_order(y: torch.Tensor, addends: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -286,7 +297,9 @@ class SparseMoeBlock(nn.Module):
     (unweighted) when `shared_intermediate` > 0. HF names: `gate` (the router, with
     `expert_bias` when asked), `experts` (stacked), `shared_experts`."""
 
-    kernel_backend = "torch"  # not "torch": the router's and shared experts' GEMMs merged
+    # not "torch": the router's and shared experts' GEMMs merged (when the experts do not
+    # compute the shared expert themselves: `_fused_shared`)
+    kernel_backend = "torch"
 
     def __init__(self, hidden_size: int, num_experts: int, intermediate_size: int,
                  routing: RoutingParams, expert_bias: bool, router_fp32: bool,
@@ -306,19 +319,26 @@ class SparseMoeBlock(nn.Module):
         shared expert of the routed width, the shared expert is computed as one more routed
         expert (kernels/fused_moe.py)."""
         rest = () if residual is None else (residual,)
-        s = self.shared_experts
-        if (s is not None and self.experts.backend == "triton"
-                and s.gate_up_proj.weight.shape == self.experts.w13.shape[1:]
-                and s.gate_up_proj.weight.dtype == self.experts.w13.dtype):
-            shared = (s.gate_up_proj.weight, s.down_proj.weight)
+        shared = self._fused_shared()
+        if shared is not None:
             return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, rest,
                                 shared)
         logits, shared_out = self._gate_and_shared(x)
         return self.experts(x, logits, self.gate.expert_bias, self.routing, shared_out + rest)
 
+    def _fused_shared(self) -> SharedExpert | None:
+        """The shared expert's weights when the experts' backend computes it among the routed
+        ones (`FUSES_SHARED`; the routed experts' shapes and dtypes), else None."""
+        s, e = self.shared_experts, self.experts
+        if s is None or e.backend not in FUSES_SHARED:
+            return None
+        shared = (s.gate_up_proj.weight, s.down_proj.weight)
+        return shared if fuses_shared(shared, e.w13, e.w2) else None
+
     def _gate_and_shared(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The router's partial logits (T, P, E) and the shared experts' output (T, hidden) as
-        a tuple of 0 or 1. With a kernel backend, on CUDA in bf16 with the split router, both
+        a tuple of 0 or 1 (when the experts do not compute them: `_fused_shared`). With a
+        kernel backend, on CUDA in bf16 with the split router, both
         come from one GEMM of x against [the router's three parts | the shared experts'
         gate_up] with fp32 output: one launch instead of two (at a denoise round's few rows
         each GEMM costs its launch latency more than its bytes). The shared part is rounded
