@@ -234,6 +234,28 @@ def test_fused_shared_expert_equals_its_own_mlp(tokens: int, experts: int, block
     assert rel_err(out, ref) < tolerance(torch.float32)
 
 
+def test_tokens_past_int32_offsets_run_in_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More tokens than the kernels' int32 row offsets can address (here a lowered limit: 7
+    tokens a call) run in parts: the same output as one call."""
+    import dllm_serve.kernels.fused_moe as fm
+
+    x, w13, w2, ids, weights = experts_case(37, 8, 64, 32, top_k=2)
+    shared, res = shared_case(37, 64, 32)
+    whole = fused_experts(x, w13, w2, ids, weights, addends=(res,), shared=shared)
+    monkeypatch.setattr(fm, "MAX_ELEMENTS", 7 * 3 * 64)
+    calls: list[int] = []
+    up_proj = fm.up_proj
+
+    def counted(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        calls.append(x.shape[0])
+        return up_proj(x, *args, **kwargs)
+
+    monkeypatch.setattr(fm, "up_proj", counted)
+    parts = fused_experts(x, w13, w2, ids, weights, addends=(res,), shared=shared)
+    assert calls == [7] * 5 + [2]
+    torch.testing.assert_close(parts, whole, rtol=1e-6, atol=1e-6)
+
+
 def test_fused_shared_expert_refuses_what_it_cannot_fuse() -> None:
     """Another width or dtype, two addends beside it (the choice sum takes two), and a down
     projection told nothing of its shared rows: clear errors, before any kernel runs."""

@@ -65,6 +65,9 @@ class MoeLaunch:
 
 
 SUM_BLOCK = 1024  # hidden columns per program of the choice sum
+# The kernels address rows of x, h and y with int32 offsets: one call takes at most this many
+# elements in each (fused_experts runs more tokens than that in parts)
+MAX_ELEMENTS = 2**31 - 1
 DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 
 # The launch table, the one place to edit after benchmarks/moe_tune.py (which prints rows in
@@ -132,6 +135,12 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     hidden = w2.shape[1]
     if t == 0:
         return x.new_zeros(0, hidden)
+    step = max(1, MAX_ELEMENTS // ((k + 1) * max(hidden, w2.shape[2])))  # tokens a call takes
+    if t > step:  # ~116k tokens at LLaDA2.0-mini's widths: a prefill chunk that large, in parts
+        return torch.cat([fused_experts(x[i:i + step], w13, w2, topk_ids[i:i + step],
+                                        topk_weights[i:i + step], launches,
+                                        tuple(a[i:i + step] for a in addends), block_m, shared)
+                          for i in range(0, t, step)])
     if shared is not None:
         check_shared(shared, w13, w2)
         if len(addends) > 1:
