@@ -146,36 +146,6 @@ def test_silu_mul_strided_rows_and_leading_dims() -> None:
     check_silu_mul(rand(2, 3, 40, gen=gen, dtype=torch.bfloat16, scale=3.0))
 
 
-def test_silu_mul_rounds_its_input_to_the_output_dtype() -> None:
-    """fp32 gate_up (a GEMM's fp32 output) with out_dtype bf16: the bf16 path's values on the
-    input rounded to bf16 (here values bf16 holds exactly, so that the interpreter's
-    truncating cast rounds as torch does); on CUDA also for any fp32 values."""
-    gen = torch.Generator().manual_seed(9)
-    exact = rand(11, 2 * 40, gen=gen, dtype=torch.bfloat16, scale=3.0).float()
-    out = fused_silu_mul(exact, torch.bfloat16)
-    assert out.dtype == torch.bfloat16
-    assert torch.equal(out, fused_silu_mul(exact.bfloat16()))
-    assert torch.equal(silu_and_mul(exact, torch.bfloat16), silu_and_mul(exact.bfloat16()))
-    if DEVICE.type == "cuda":
-        any_fp32 = rand(11, 2 * 40, gen=gen, dtype=torch.float32, scale=3.0)
-        assert torch.equal(fused_silu_mul(any_fp32, torch.bfloat16),
-                           silu_and_mul(any_fp32, torch.bfloat16))
-
-
-def test_swiglu_from_a_gate_up_computed_elsewhere() -> None:
-    """SwiGLUMLP.from_gate_up(x @ gate_up.T) is forward(x), with either activation."""
-    gen = torch.Generator().manual_seed(10)
-    mlp = SwiGLUMLP(32, 24).to(DEVICE)
-    with torch.no_grad():
-        for param in mlp.parameters():
-            param.copy_(rand(*param.shape, gen=gen, dtype=torch.float32, scale=0.3))
-    x = rand(5, 32, gen=gen, dtype=torch.float32)
-    gate_up = torch.nn.functional.linear(x, mlp.gate_up_proj.weight)
-    for backend in ("torch", "triton"):
-        mlp.kernel_backend = backend
-        assert torch.equal(mlp.from_gate_up(gate_up, torch.float32), mlp(x))
-
-
 def test_set_kernel_backend_switches_the_swiglu_activation() -> None:
     """set_kernel_backend switches SwiGLUMLP (with the norms) to the kernel and back; the
     MLP's output follows its activation's; unknown names raise listing the known ones."""

@@ -109,9 +109,8 @@ def test_route_sums_partial_logits_as_torch_does(name: str) -> None:
 
 
 def test_route_reads_strided_token_rows() -> None:
-    """Partial logits that are a column slice of a wider GEMM output (token rows strided, each
-    row's (P, E) contiguous: the MoE block's merged router + shared-experts GEMM) route as
-    their contiguous copy does."""
+    """Partial logits that are a column slice of a wider GEMM output (token rows strided)
+    route as their contiguous copy does."""
     experts, p = ROUTINGS["groups"]
     gen = torch.Generator().manual_seed(6)
     parts = split_logits(13, experts, gen)  # (T, 3, E)
@@ -474,64 +473,6 @@ def test_bf16_split_of_an_fp32_weight_sums_back_to_it() -> None:
     x = torch.randn(17, 96, generator=gen).bfloat16()
     logits = sum(x.double() @ p.double().t() for p in parts)  # what the bf16 GEMMs sum to
     assert torch.allclose(logits.float(), x.float() @ w.t(), rtol=1e-5, atol=1e-5)
-
-
-def test_merged_weight_holds_the_router_split_once() -> None:
-    """The merged weight is [the router's split parts | the shared gate_up in bf16]; the
-    router's parts become its leading rows (one copy); it is kept while neither weight
-    changes and made again (with the new split) when the router's weight is written."""
-    gen = torch.Generator().manual_seed(7)
-    experts, p = ROUTINGS["groups"]
-    block = SparseMoeBlock(48, experts, 16, p, expert_bias=True, router_fp32=True,
-                           shared_intermediate=24).to(DEVICE)
-    for param in block.parameters():
-        param.data.copy_(rand(*param.shape, gen=gen, scale=0.2))
-    assert block.shared_experts is not None
-    block.shared_experts.to(torch.bfloat16)
-    merged = block.merged_weight()
-    split = split_bf16(block.gate.weight.detach().float()).flatten(0, 1)
-    assert merged.shape == (3 * experts + 48, 48) and merged.dtype == torch.bfloat16
-    assert torch.equal(merged[:3 * experts], split)
-    assert torch.equal(merged[3 * experts:], block.shared_experts.gate_up_proj.weight)
-    assert block.gate.parts().data_ptr() == merged.data_ptr()
-    assert block.merged_weight() is merged
-    with torch.no_grad():
-        block.gate.weight.mul_(2)
-    again = block.merged_weight()
-    assert again is not merged
-    assert torch.equal(again[:3 * experts], split_bf16(block.gate.weight.detach().float())
-                       .flatten(0, 1))
-    assert block.gate.parts().data_ptr() == again.data_ptr()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [32, 512])
-def test_moe_block_merges_router_and_shared_gemms(tokens: int) -> None:
-    """With a kernel backend on CUDA (bf16, split router) and shared experts wider than a
-    routed one (two of them: not fused as an expert) the MoE block computes the router's
-    parts and the shared experts' gate_up in one GEMM: the same routing and, within bf16
-    rounding, the same output as the two GEMMs (LLaDA2.0-mini's widths, fewer experts)."""
-    gen = torch.Generator().manual_seed(tokens)
-    block = SparseMoeBlock(2048, 64, 512, LLADA2, expert_bias=True, router_fp32=True,
-                           shared_intermediate=1024).to(DEVICE)
-    for param in block.parameters():
-        param.data.copy_(rand(*param.shape, gen=gen, scale=0.02))
-    block.experts.to(torch.bfloat16)
-    block.shared_experts.to(torch.bfloat16)
-    set_moe_backend(block, "triton")
-    x = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
-    h = rand(tokens, 2048, gen=gen, dtype=torch.bfloat16)
-    ref = block(x, residual=h)
-    assert block._merged is None
-    block.kernel_backend = "triton"
-    out = block(x, residual=h)
-    assert block._merged is not None and block._merged[1].shape == (3 * 64 + 2048, 2048)
-    logits, shared = block._gate_and_shared(x)
-    assert logits.shape == (tokens, 3, 64) and logits.stride(0) == 3 * 64 + 2048
-    assert torch.allclose(sum_logit_parts(logits), sum_logit_parts(block.gate(x)),
-                          rtol=1e-5, atol=1e-5)
-    assert rel_err(shared[0], block.shared_experts(x)) < 1e-2
-    assert rel_err(out, ref) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -43,13 +43,10 @@ def fused_route(logits: torch.Tensor, expert_bias: torch.Tensor | None, p: Routi
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (T, E), or (T, P, E) partial logits (fp32 when P > 1), expert_bias (E,) or None
     -> topk_ids (T, K) int64, topk_weights (T, K) fp32; equal to
-    `layers.moe.route(sum_logit_parts(logits))`. Token rows may be strided (the logits a
-    column slice of a wider GEMM output): only each row's (P, E) must be contiguous."""
+    `layers.moe.route(sum_logit_parts(logits))`."""
     check_device(logits, "fused_route")
-    parts = logits if logits.dim() == 3 else logits[:, None]  # (T, P, E)
+    parts = (logits if logits.dim() == 3 else logits[:, None]).contiguous()  # (T, P, E)
     t, num_parts, e = parts.shape
-    if parts.stride(2) != 1 or parts.stride(1) != e:
-        parts = parts.contiguous()
     if not supports(e, p):
         raise ValueError(f"fused_route supports power-of-two experts and groups; got {e} "
                          f"experts in {p.n_group} groups")
@@ -64,20 +61,19 @@ def fused_route(logits: torch.Tensor, expert_bias: torch.Tensor | None, p: Routi
     block_t = min(next_pow2(t), 64) if interpreted() else GPU_TOKENS_PER_PROGRAM
     groups = max(p.n_group, 1)
     _route_kernel[(triton.cdiv(t, block_t),)](
-        parts, bias, ids, weights, t, parts.stride(0), p.scaling, E=e, PARTS=num_parts,
-        N_GROUP=groups, GROUP=e // groups, TOPK_GROUP=p.topk_group if p.n_group else 1,
-        TOP_K=p.top_k, BLOCK_K=next_pow2(p.top_k), BLOCK_T=block_t,
-        SIGMOID=p.score_function == "sigmoid",
+        parts, bias, ids, weights, t, p.scaling, E=e, PARTS=num_parts, N_GROUP=groups,
+        GROUP=e // groups, TOPK_GROUP=p.topk_group if p.n_group else 1, TOP_K=p.top_k,
+        BLOCK_K=next_pow2(p.top_k), BLOCK_T=block_t, SIGMOID=p.score_function == "sigmoid",
         HAS_BIAS=expert_bias is not None, RENORM=p.renormalize and p.top_k > 1,
         num_warps=GPU_WARPS)
     return ids, weights
 
 
 @triton.jit
-def _logits_at(Parts, t, stride_t, expert, mask, E: tl.constexpr, PARTS: tl.constexpr):
-    """Token t's logits of `expert` (broadcast shapes): its PARTS partial logits (row t at
-    t * stride_t, then (PARTS, E) contiguous) summed in fp32 in part order (0 where masked)."""
-    at = Parts + t * stride_t + expert
+def _logits_at(Parts, t, expert, mask, E: tl.constexpr, PARTS: tl.constexpr):
+    """Token t's logits of `expert` (broadcast shapes): its PARTS partial logits (T, PARTS, E)
+    summed in fp32 in part order (0 where masked)."""
+    at = Parts + t * (PARTS * E) + expert
     x = tl.load(at, mask=mask, other=0.0).to(tl.float32)
     for i in tl.static_range(1, PARTS):
         x += tl.load(at + i * E, mask=mask, other=0.0).to(tl.float32)
@@ -104,7 +100,7 @@ def _keep_best_groups(choice, N_GROUP: tl.constexpr, GROUP: tl.constexpr,
 
 
 @triton.jit
-def _route_kernel(Parts, Bias, Ids, Weights, num_tokens, stride_t, scaling, E: tl.constexpr,
+def _route_kernel(Parts, Bias, Ids, Weights, num_tokens, scaling, E: tl.constexpr,
                   PARTS: tl.constexpr, N_GROUP: tl.constexpr, GROUP: tl.constexpr,
                   TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCK_T: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -112,8 +108,8 @@ def _route_kernel(Parts, Bias, Ids, Weights, num_tokens, stride_t, scaling, E: t
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
     t_ok = t < num_tokens
     expert = tl.arange(0, N_GROUP)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # (G, S)
-    x = _logits_at(Parts, t[:, None, None], stride_t, expert[None, :, :], t_ok[:, None, None],
-                   E, PARTS)  # (BLOCK_T, N_GROUP, GROUP)
+    x = _logits_at(Parts, t[:, None, None], expert[None, :, :], t_ok[:, None, None], E,
+                   PARTS)  # (BLOCK_T, N_GROUP, GROUP)
     if SIGMOID:
         scores = tl.sigmoid(x)
     else:
@@ -134,7 +130,7 @@ def _route_kernel(Parts, Bias, Ids, Weights, num_tokens, stride_t, scaling, E: t
         ids = tl.where(k[None, :] == i, pick[:, None], ids)
         flat = tl.where(e[None, :] == pick[:, None], float("-inf"), flat)
     mask = t_ok[:, None] & (k[None, :] < TOP_K)
-    picked = _logits_at(Parts, t[:, None], stride_t, ids, mask, E, PARTS)  # (BLOCK_T, BLOCK_K)
+    picked = _logits_at(Parts, t[:, None], ids, mask, E, PARTS)  # (BLOCK_T, BLOCK_K)
     if SIGMOID:
         weights = tl.sigmoid(picked)
     else:

@@ -27,15 +27,13 @@ MAX_BLOCK = 1024  # columns per program
 
 
 @SILU_MUL_KERNELS.register("triton")
-def fused_silu_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """gate_up (..., 2I) = [gate | up] -> silu(gate) * up (..., I) in out_dtype (default
-    gate_up's): gate and up are first rounded to out_dtype (a GEMM's fp32 output computed as
-    the GEMM with that output dtype would have written it)."""
+def fused_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (..., 2I) = [gate | up] -> silu(gate) * up (..., I) in gate_up's dtype."""
     check_device(gate_up, "fused_silu_mul")
     inter = gate_up.shape[-1] // 2
     rows = as_rows(gate_up)  # (R, 2I)
     n = rows.shape[0]
-    out = torch.empty(n, inter, dtype=out_dtype or gate_up.dtype, device=gate_up.device)
+    out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
     if n and inter:
         per_program = min(next_pow2(n), 32) if interpreted() else 1
         block = min(next_pow2(inter), MAX_BLOCK)
@@ -52,9 +50,8 @@ def _silu_mul_kernel(GateUp, Out, n_rows, stride, inter, BLOCK: tl.constexpr,
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     mask = (r < n_rows)[:, None] & (c < inter)[None, :]
     at = GateUp + r[:, None] * stride + c[None, :]
-    dtype = Out.dtype.element_ty  # inputs rounded to it first (a no-op when it is theirs)
-    gate = tl.load(at, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    up = tl.load(at + inter, mask=mask, other=0.0).to(dtype)
+    gate = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(at + inter, mask=mask, other=0.0)
     if LIBDEVICE:
         e = libdevice.exp(-gate)
     else:

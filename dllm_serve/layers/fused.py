@@ -5,9 +5,7 @@ A module that has a fused variant declares `kernel_backend = "torch"` (plain PyT
 oracle: the default, and the path on the CPU); `set_kernel_backend(model, "triton")` switches
 every such module to the kernels registered under that name in `layers.norm.NORM_KERNELS`,
 `layers.rotary.QK_ROPE_KERNELS` and `layers.mlp.SILU_MUL_KERNELS` (dllm_serve.kernels
-registers "triton"). The MoE block (`layers.moe.SparseMoeBlock`) declares it too: off "torch"
-it computes its router's and shared experts' projections in one GEMM on CUDA, unless its
-experts' backend computes the shared expert among the routed ones (`FUSES_SHARED`).
+registers "triton").
 """
 
 from __future__ import annotations

@@ -2,14 +2,12 @@
 
 `SwiGLUMLP` computes the activation silu(gate) * up in plain PyTorch (`silu_and_mul`, the
 oracle) unless its `kernel_backend` names a kernel registered in `SILU_MUL_KERNELS` ("triton":
-dllm_serve.kernels.silu_mul, one launch instead of two); see layers/fused.py. `from_gate_up`
-runs the rest of the MLP from a gate_up projection computed elsewhere (the MoE block merges
-it into the router's GEMM).
+dllm_serve.kernels.silu_mul, one launch instead of two); see layers/fused.py.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,23 +15,16 @@ from torch import nn
 
 from dllm_serve.utils.registry import Registry
 
-
-class SiluMulKernel(Protocol):
-    def __call__(self, gate_up: torch.Tensor, out_dtype: torch.dtype | None = None
-                 ) -> torch.Tensor:
-        """gate_up (..., 2I) = [gate | up] -> (..., I) in out_dtype (default gate_up's): the
-        values of `silu_and_mul(gate_up, out_dtype)`."""
-
+# gate_up (..., 2I) = [gate | up] -> (..., I) in gate_up's dtype: the values of `silu_and_mul`.
+SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
 
 SILU_MUL_KERNELS: Registry[SiluMulKernel] = Registry("SwiGLU activation kernel backend")
 
 
-def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (..., 2I) = [gate | up] -> silu(gate) * up (..., I), the reference: silu
     computed in fp32 and rounded to the dtype, then the product computed in fp32 and rounded
-    (what two PyTorch elementwise ops do in bf16). out_dtype: gate_up rounded to it first."""
-    if out_dtype is not None:
-        gate_up = gate_up.to(out_dtype)
+    (what two PyTorch elementwise ops do in bf16)."""
     gate, up = gate_up.chunk(2, dim=-1)  # (..., I) each
     return F.silu(gate) * up
 
@@ -61,12 +52,6 @@ class SwiGLUMLP(nn.Module):
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that."""
         y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, self._act())
         return y if residual is None else residual + y
-
-    def from_gate_up(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The MLP's output (T, hidden) in `dtype` from gate_up (T, 2I) = x @ gate_up_proj.T
-        computed elsewhere in fp32 (a GEMM shared with another projection of x): rounded to
-        `dtype` first, so the values of `forward(x)`."""
-        return F.linear(self._act()(gate_up, dtype), self.down_proj.weight)
 
     def _act(self) -> SiluMulKernel:
         """The activation of `kernel_backend`: the oracle or a registered kernel."""

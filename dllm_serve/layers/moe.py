@@ -177,14 +177,6 @@ class Router(nn.Module):
             self._split = (*key, split_bf16(self.weight.detach().float()).flatten(0, 1))
         return self._split[2]
 
-    def share_parts(self, rows: torch.Tensor) -> None:
-        """Keep `rows` (3E, hidden), equal to `parts()` (the leading rows of a larger weight
-        that holds them), as the split from now on: it is not kept twice."""
-        key = version_key(self.weight)
-        assert self._split is not None and self._split[:2] == key
-        assert rows.shape == self._split[2].shape and rows.is_contiguous()
-        self._split = (*key, rows)
-
 
 def version_key(t: torch.Tensor) -> tuple[int, int]:
     """(address, version) of a tensor: changes whenever it is replaced or written in place
@@ -297,10 +289,6 @@ class SparseMoeBlock(nn.Module):
     (unweighted) when `shared_intermediate` > 0. HF names: `gate` (the router, with
     `expert_bias` when asked), `experts` (stacked), `shared_experts`."""
 
-    # not "torch": the router's and shared experts' GEMMs merged (when the experts do not
-    # compute the shared expert themselves: `_fused_shared`)
-    kernel_backend = "torch"
-
     def __init__(self, hidden_size: int, num_experts: int, intermediate_size: int,
                  routing: RoutingParams, expert_bias: bool, router_fp32: bool,
                  shared_intermediate: int = 0) -> None:
@@ -310,7 +298,6 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
         self.shared_experts = (SwiGLUMLP(hidden_size, shared_intermediate)
                                if shared_intermediate else None)
-        self._merged: tuple[tuple[int, ...], torch.Tensor] | None = None  # key, weight
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
@@ -318,13 +305,12 @@ class SparseMoeBlock(nn.Module):
         (`add_in_order`: routed sum + shared, then + residual). With the Triton experts and a
         shared expert of the routed width, the shared expert is computed as one more routed
         expert (kernels/fused_moe.py)."""
-        rest = () if residual is None else (residual,)
         shared = self._fused_shared()
-        if shared is not None:
-            return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, rest,
-                                shared)
-        logits, shared_out = self._gate_and_shared(x)
-        return self.experts(x, logits, self.gate.expert_bias, self.routing, shared_out + rest)
+        own = () if shared is not None or self.shared_experts is None else (
+            self.shared_experts(x),)  # the shared experts run here unless fused
+        addends = own + (() if residual is None else (residual,))
+        return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends,
+                            shared)
 
     def _fused_shared(self) -> SharedExpert | None:
         """The shared expert's weights when the experts' backend computes it among the routed
@@ -334,37 +320,3 @@ class SparseMoeBlock(nn.Module):
             return None
         shared = (s.gate_up_proj.weight, s.down_proj.weight)
         return shared if fuses_shared(shared, e.w13, e.w2) else None
-
-    def _gate_and_shared(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The router's partial logits (T, P, E) and the shared experts' output (T, hidden) as
-        a tuple of 0 or 1 (when the experts do not compute them: `_fused_shared`). With a
-        kernel backend, on CUDA in bf16 with the split router, both
-        come from one GEMM of x against [the router's three parts | the shared experts'
-        gate_up] with fp32 output: one launch instead of two (at a denoise round's few rows
-        each GEMM costs its launch latency more than its bytes). The shared part is rounded
-        to bf16 before its activation: its values are its own GEMM's up to summation order."""
-        s = self.shared_experts
-        if s is not None and self.kernel_backend != "torch" and self.gate.splits(x):
-            try:
-                out = torch.mm(x, self.merged_weight().t(), out_dtype=torch.float32)
-            except (RuntimeError, TypeError):  # this torch lacks a bf16 GEMM with fp32 output
-                self.gate.split_gemm = False
-            else:  # out (T, 3E + 2I)
-                e = self.gate.weight.shape[0]
-                return (out[:, :3 * e].view(-1, 3, e),
-                        (s.from_gate_up(out[:, 3 * e:], x.dtype),))
-        return self.gate(x), () if s is None else (s(x),)
-
-    def merged_weight(self) -> torch.Tensor:
-        """(3E + 2I, hidden) bf16: the router's split parts over the shared experts' gate_up
-        weight, made again whenever either weight changed. Its first 3E rows become the
-        router's parts (`Router.share_parts`), so the split is held once."""
-        assert self.shared_experts is not None
-        w = self.shared_experts.gate_up_proj.weight
-        key = (*version_key(self.gate.weight), *version_key(w))
-        if self._merged is None or self._merged[0] != key:
-            parts = self.gate.parts()
-            merged = torch.cat([parts, w.detach().to(parts.dtype)])
-            self.gate.share_parts(merged[:parts.shape[0]])
-            self._merged = (key, merged)
-        return self._merged[1]
