@@ -9,7 +9,9 @@ configuration (query rows per tile, keys per step, warps, pipeline stages, key-r
 CUDA graph of --launches back-to-back launches, the plan built beforehand: as in a round; launched
 from Python, a small batch's launches timed the host, 50-100 us against the ~8 us a layer the
 kernel takes in a round at B = 1) and the achieved KV bandwidth and FLOP rate (the K/V stays in L2
-between launches, which a round's expert weights would evict), and checks the output against the
+between launches, which a round's expert weights would evict: a launch that reads each K/V more
+than once, such as half tiles per program, looks faster here than in a round; see
+results/h200/gpupath/tried_half_tiles_6f696b1.patch), and checks the output against the
 default configuration's. The kernel's launch constants are module globals (BLOCK_M and the LAUNCHES
 table in kernels/block_attention.py, PROGRAMS_PER_SM in triton_attention.py); this script sets them
 for each row (one launch for every split count) and restores them.

@@ -30,6 +30,21 @@ def test_equals_torch_align(tokens: int, experts: int, top_k: int) -> None:
     check(scores.topk(top_k, dim=1).indices.to(DEVICE), experts)
 
 
+@pytest.mark.parametrize("tokens", [1, 32, 33, 129])
+def test_fused_count_and_separate_launches(tokens: int, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    """Both ways to the counts' prefix (one launch up to FUSED_CHUNKS chunks, two past it) at
+    chunk counts on either side of the bound (8 choices: 1, 4, 5 and 17 chunks of 64)."""
+    from dllm_serve.kernels import moe_sort
+
+    assert moe_sort.CHUNK == 64 and moe_sort.FUSED_CHUNKS == 4
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.rand(tokens, 64, generator=gen).topk(8, dim=1).indices.to(DEVICE)
+    check(ids, 64)
+    monkeypatch.setattr(moe_sort, "FUSED_CHUNKS", 0)  # always the two launches
+    check(ids, 64)
+
+
 def test_skewed_routing_with_empty_experts() -> None:
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 3, (90, 2), generator=gen) * 7  # experts 0, 7, 14 of 32 only
