@@ -8,10 +8,11 @@ configuration (query rows per tile, keys per step, warps, pipeline stages, key-r
 --splits forcing the split count) it reports the time per launch (median over --iters replays of a
 CUDA graph of --launches back-to-back launches, the plan built beforehand: as in a round; launched
 from Python, a small batch's launches timed the host, 50-100 us against the ~8 us a layer the
-kernel takes in a round at B = 1) and the achieved KV bandwidth and FLOP rate (the K/V stays in L2
-between launches, which a round's expert weights would evict: a launch that reads each K/V more
-than once, such as half tiles per program, looks faster here than in a round; see
-results/h200/gpupath/tried_half_tiles_6f696b1.patch), and checks the output against the
+kernel takes in a round at B = 1) and the achieved KV bandwidth and FLOP rate. The launches cycle
+through copies of the K/V (up to 8, together >= 256 MB) so that each reads its K/V from memory
+as in a round, where the expert weights evict it from L2 (with one copy in L2 a launch that reads
+each K/V more than once, such as half tiles per program, looked faster than it is in a round:
+results/h200/gpupath/tried_half_tiles_6f696b1.patch). It checks the output against the
 default configuration's. The kernel's launch constants are module globals (BLOCK_M and the LAUNCHES
 table in kernels/block_attention.py, PROGRAMS_PER_SM in triton_attention.py); this script sets them
 for each row (one launch for every split count) and restores them.
@@ -37,7 +38,9 @@ from dllm_serve.kernels import block_attention as ba
 from dllm_serve.kernels import triton_attention as ta
 from dllm_serve.kernels.runtime import cdiv, num_sms
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK, PAGE = 16, 4, 128, 32, 1
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 128, 32
+KV_ROTATION_BYTES = 256 << 20  # K/V copies cycled through: past an H200's 50 MB L2
+MAX_COPIES = 8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="key-range splits to sweep (0: from --programs-per-sm, as served)")
     p.add_argument("--iters", type=int, default=20, help="timed repetitions (median)")
     p.add_argument("--launches", type=int, default=20, help="back-to-back launches per timing")
+    p.add_argument("--page", type=int, default=BLOCK,
+                   help="KV page size in tokens (the engine's default: the block size)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None, help="JSON results")
     return p.parse_args(argv)
@@ -61,12 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Case:
     """One round's attention inputs: q (T, H, D), caches (slots, KVH, D), scattered pages."""
 
-    def __init__(self, batch: int, prefix: int, device: torch.device) -> None:
+    def __init__(self, batch: int, prefix: int, page: int, device: torch.device) -> None:
         rng = np.random.default_rng(batch * 31 + prefix)
+        self.page = page
         low = int(0.9 * prefix) // BLOCK
         self.prefixes = (rng.integers(low, prefix // BLOCK + 1, batch) * BLOCK).tolist()
         self.prefix_asked = prefix
-        pages = [cdiv(p + BLOCK, PAGE) for p in self.prefixes]
+        pages = [cdiv(p + BLOCK, page) for p in self.prefixes]
         width = max(pages)
         pool = rng.permutation(sum(pages))
         table = np.zeros((batch, width), dtype=np.int64)
@@ -74,9 +80,11 @@ class Case:
         for b, (end, n) in enumerate(zip(ends, pages, strict=True)):
             table[b, :n] = pool[end - n:end]
         gen = torch.Generator(device="cpu").manual_seed(batch + prefix)
-        slots = sum(pages) * PAGE
-        self.k = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
-        self.v = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
+        slots = sum(pages) * page
+        k = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
+        v = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
+        copies = max(1, min(MAX_COPIES, cdiv(KV_ROTATION_BYTES, 2 * k.numel() * 2)))
+        self.kv = [(k, v)] + [(k.clone(), v.clone()) for _ in range(copies - 1)]
         self.q = torch.randn(batch * BLOCK, HEADS, HEAD_DIM, generator=gen).to(device,
                                                                              torch.bfloat16)
         self.table = torch.from_numpy(table).to(device)
@@ -93,9 +101,10 @@ class Case:
     def run(self, plan: ba.BlockAttnPlan, launches: int = 1) -> torch.Tensor:
         """The attention (and split-K combine) `launches` times back to back: the device queue
         stays full, so the time per launch is the kernels' and not the host's."""
-        for _ in range(launches):
-            out = ba.block_attention(self.q, self.k, self.v, self.table, self.seg_req, plan,
-                                     PAGE, HEAD_DIM ** -0.5)
+        for i in range(launches):
+            k, v = self.kv[i % len(self.kv)]
+            out = ba.block_attention(self.q, k, v, self.table, self.seg_req, plan, self.page,
+                                     HEAD_DIM ** -0.5)
         return out
 
 
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     with torch.inference_mode():
         for batch, prefix in itertools.product(ns.batch_sizes, ns.prefixes):
-            rows += sweep_case(ns, Case(batch, prefix, device), sms)
+            rows += sweep_case(ns, Case(batch, prefix, ns.page, device), sms)
     for batch, prefix in itertools.product(ns.batch_sizes, ns.prefixes):
         ok = [r for r in rows if r["batch"] == batch and r["prefix_asked"] == prefix
               and "us" in r and r["max_abs_err"] < 0.05]

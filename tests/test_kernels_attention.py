@@ -103,16 +103,21 @@ MIXED: list[Seg] = [(0, 24), (40, 8), (0, 8), (16, 16), (96, 8), (8, 8)]
 
 
 @pytest.mark.parametrize("shape", [SMALL, Shape(8, 2, 32, 8, 8), Shape(6, 2, 16, 8, 16),
-                                   Shape(4, 4, 16, 16, 32)], ids=["g2", "g4", "g3", "g1"])
+                                   Shape(4, 4, 16, 16, 32), Shape(8, 2, 16, 32, 64)],
+                         ids=["g2", "g4", "g3", "g1", "g4-page64"])
 def test_mixed_prefill_and_denoise_segments(shape: Shape) -> None:
     segs = [(s * shape.block // 8, n * shape.block // 8) for s, n in MIXED]
     assert_close(*run_both(shape, segs, torch.float32, splits=1), torch.float32)
 
 
 @pytest.mark.parametrize("splits", [None, 2, 4])
-def test_split_k_over_ragged_prefixes(splits: int | None) -> None:
-    segs = [(200, 8), (0, 8), (72, 8), (136, 16)]
-    assert_close(*run_both(SMALL, segs, torch.float32, splits), torch.float32)
+@pytest.mark.parametrize("shape", [SMALL, Shape(8, 2, 16, 32, 64)], ids=["page16", "page64"])
+def test_split_k_over_ragged_prefixes(splits: int | None, shape: Shape) -> None:
+    """Split-K over prefixes of several pages; page 64 holds whole key steps (one page lookup
+    a step), page 16 does not (one lookup a key)."""
+    segs = [(s * shape.block // 8, n * shape.block // 8)
+            for s, n in [(200, 8), (0, 8), (72, 8), (136, 16)]]
+    assert_close(*run_both(shape, segs, torch.float32, splits), torch.float32)
 
 
 @pytest.mark.parametrize("combine_rows", [1, 2, 64])

@@ -11,7 +11,12 @@ heads that share one KV head (GQA): BLOCK_M = TQ * G rows (padded to a power of 
 K/V tile is loaded once for G heads. Grid = (tiles, kv_heads, splits). With splits > 1 (long
 prefixes at small batch) each program covers one slice of the tile's key range and writes a
 normalised partial output and its log2-sum-exp to a workspace; `_combine_kernel` merges them.
-Softmax is online (flash-attention style) in fp32, in the log2 domain.
+Softmax is online (flash-attention style) in fp32, in the log2 domain. Key steps that every row
+of a tile sees (all of a denoise block's prefix and block) run without the mask, and with pages
+that hold whole steps (the engine's pages are blocks) a step looks its page up once. On an H200
+at LLaDA2.0-mini's heads (benchmarks/attention_tune.py, K/V rotated past the L2 cache): B=64
+64.7 / 221 us a layer at prefix ~1k / ~4k against 71.9 / 248 with a masked lookup per key,
+B=16 28.1 / 67.5 against 29.5 / 75.0 (results/h200/gpupath/attention_tune_unmasked_bf3d949.json).
 """
 
 from __future__ import annotations
@@ -198,35 +203,76 @@ def _tile_rows(Tiles, SegReq, tile, G: tl.constexpr, TQ: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, stride_kt, stride_kh, stride_vt,
-            stride_vh, stride_pt, scale_log2, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            DOT_F32: tl.constexpr):
-    """Online softmax of q against keys [lo, hi) -> (row max, row sum, unnormalised out)."""
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    d = tl.arange(0, BLOCK_D)
-    for start in range(lo, hi, BLOCK_N):
-        kpos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        kin = kpos < hi
+def _key_slots(PageTable, req, start, kpos, kin, stride_pt, PAGE: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Cache rows (BLOCK_N,) int64 of keys kpos = start + arange(BLOCK_N), start a multiple of
+    BLOCK_N. When a page holds whole steps (PAGE a multiple of BLOCK_N: the engine's pages are
+    blocks, 32 keys in LLaDA2) the step's keys are consecutive rows of one page: one scalar
+    lookup instead of one per key."""
+    if PAGE % BLOCK_N == 0:
+        page = tl.load(PageTable + req * stride_pt + start // PAGE).to(tl.int64)
+        return page * PAGE + start % PAGE + tl.arange(0, BLOCK_N)
+    else:
         page = tl.load(PageTable + req * stride_pt + kpos // PAGE, mask=kin, other=0)
-        slot = page.to(tl.int64) * PAGE + kpos % PAGE
+        return page.to(tl.int64) * PAGE + kpos % PAGE
+
+
+@triton.jit
+def _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc, stride_kt, stride_kh,
+          stride_vt, stride_vh, stride_pt, scale_log2, PAGE: tl.constexpr,
+          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+          MASKED: tl.constexpr, DOT_F32: tl.constexpr):
+    """One online-softmax step over keys [start, start + BLOCK_N). Unless MASKED every key of
+    the step is below hi and below every row's limit: no key mask, and scores are finite."""
+    kpos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    kin = kpos < hi
+    slot = _key_slots(PageTable, req, start, kpos, kin, stride_pt, PAGE, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    if MASKED:
         kv_mask = kin[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(K + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=kv_mask,
-                    other=0.0)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(V + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=kv_mask,
-                    other=0.0)
-        s = dot(q, tl.trans(k), DOT_F32) * scale_log2  # (BLOCK_M, BLOCK_N)
+    else:
+        kv_mask = d[None, :] < HEAD_DIM  # (1, BLOCK_D)
+    k = tl.load(K + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=kv_mask,
+                other=0.0)  # (BLOCK_N, BLOCK_D)
+    v = tl.load(V + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=kv_mask,
+                other=0.0)
+    s = dot(q, tl.trans(k), DOT_F32) * scale_log2  # (BLOCK_M, BLOCK_N)
+    if MASKED:
         seen = kin[None, :] & (kpos[None, :] < limit[:, None])
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m - m_safe)
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_F32)
-        m = m_new
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_ref = m_new
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m - m_ref)
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_F32)
+    return m_new, l_sum, acc
+
+
+@triton.jit
+def _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, seen_by_all, stride_kt, stride_kh,
+            stride_vt, stride_vh, stride_pt, scale_log2, PAGE: tl.constexpr,
+            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr):
+    """Online softmax of q against keys [lo, hi) -> (row max, row sum, unnormalised out).
+    The whole steps below `seen_by_all` (keys every valid row sees: a denoise block's prefix
+    and the block itself) run without the mask; the rest (a prefill tile's own blocks, the
+    last partial step) with it."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    mid = lo + tl.maximum(tl.minimum(seen_by_all, hi) - lo, 0) // BLOCK_N * BLOCK_N
+    for start in range(lo, mid, BLOCK_N):
+        m, l_sum, acc = _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc,
+                              stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
+                              scale_log2, PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
+    for start in range(mid, hi, BLOCK_N):
+        m, l_sum, acc = _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc,
+                              stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
+                              scale_log2, PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_F32)
     return m, l_sum, acc
 
 
@@ -250,9 +296,10 @@ def _attention_kernel(Q, K, V, Out, WsOut, WsLse, PageTable, SegReq, Tiles, scal
     chunk = tl.cdiv(tl.cdiv(kv_hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_hi)
-    m, l_sum, acc = _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, stride_kt, stride_kh,
-                            stride_vt, stride_vh, stride_pt, scale_log2, PAGE, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, BLOCK_D, DOT_F32)
+    seen_by_all = tl.min(tl.where(valid, limit, kv_hi), 0)
+    m, l_sum, acc = _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, seen_by_all,
+                            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, scale_log2,
+                            PAGE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, DOT_F32)
     has_keys = l_sum > 0.0
     out = acc / tl.where(has_keys, l_sum, 1.0)[:, None]
     if NUM_SPLITS == 1:

@@ -20,10 +20,10 @@ benchmarks/results/h200/gpupath/sort_probe.py, sort_probe_6f696b1.json): at 32 /
 2048 tokens 6.0 / 8.1 / 8.7 / 10.9 us a sort against 8.5 / 9.3 / 10.0 / 12.1 us with
 128-assignment chunks, 4 placing warps and counts and prefix always apart. A chunk's (CHUNK, E)
 one-hot and (CHUNK, CHUNK) rank are short reductions that 2 warps finish sooner than 4. The
-fused count-prefix pays only while its walk is short: 6.0-7.1 us at 32 tokens, 9.5-10.4 at 128,
-18-26 at 512, 53-88 at 2048 (its programs walk every chunk). One program scanning every chunk of every
-expert took 28 us per MoE layer at 2048 tokens x 8 choices, and a single program doing the
-whole sort ~30 us at 32 tokens.
+fused count-prefix pays only while its walk is short: 6.0-7.1 us at 32 tokens, 9.5-10.4 at
+128, 18-26 at 512, 53-88 at 2048 (its programs walk every chunk). One program scanning every
+chunk of every expert took 28 us per MoE layer at 2048 tokens x 8 choices, and a single program
+doing the whole sort ~30 us at 32 tokens.
 """
 
 from __future__ import annotations
