@@ -7,14 +7,15 @@ top_k distinct experts uniformly) at T tokens for each --tokens. `_up_kernel` (x
 `_down_kernel` (h -> y) are timed separately (kernels/fused_moe.py `up_proj`, `down_proj`:
 median over --iters of --launches back-to-back launches between CUDA events, the expert sort
 done beforehand) under each candidate MoeLaunch, and each output is checked against the
-default launch's. The search is two-stage by default (block_n x block_k at the default warps
-and stages, then warps x stages at the best tile: ~2 minutes of compiles on an H200 at five
-sizes) or --search full (every combination). A launch the compiler or the device refuses is
-recorded with its error. Per kernel and size it prints the best launch, its time and the
-bytes floor (the touched experts' weights over --bandwidth), then the whole `fused_experts`
-call under the best launches against DEFAULT_LAUNCH, and a MOE_LAUNCHES literal to paste into
-kernels/fused_moe.py. On the CPU it runs only under TRITON_INTERPRET=1 (a smoke test at
---preset tiny; the times mean nothing there).
+default launch's. The search is staged by default (block_n x block_k at the default warps
+and stages, then warps x stages at the best tile, then both program orders at the best launch:
+~2 minutes of compiles on an H200 at five sizes) or --search full (every combination). A
+launch the compiler or the device refuses is recorded with its error. Per kernel and size it
+prints the best launch, its time and the bytes floor (the touched experts' weights over
+--bandwidth), then the whole `fused_experts` call under the best launches against
+DEFAULT_LAUNCH, and a MOE_LAUNCHES literal to paste into kernels/fused_moe.py. On the CPU it
+runs only under TRITON_INTERPRET=1 (a smoke test at --preset tiny; the times mean nothing
+there).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import argparse
 import itertools
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows per expert block to sweep (0: choose_block_m's)")
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--block-major", type=int, nargs="+", default=[0, 1], choices=[0, 1],
+                   help="program orders to try at the best launch (1: a block's N tiles "
+                        "together, 0: an N tile's blocks together)")
     p.add_argument("--search", choices=["two-stage", "full"], default="two-stage")
     p.add_argument("--iters", type=int, default=10, help="timed repetitions (median)")
     p.add_argument("--launches", type=int, default=5, help="back-to-back launches per timing")
@@ -142,7 +146,8 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def launch_of(row: dict[str, Any]) -> MoeLaunch:
-    return MoeLaunch(row["block_n"], row["block_k"], row["num_warps"], row["num_stages"])
+    return MoeLaunch(row["block_n"], row["block_k"], row["num_warps"], row["num_stages"],
+                     bool(row.get("block_major", False)))
 
 
 def default_or_first(values: list[int], default: int) -> int:
@@ -161,8 +166,9 @@ def sweep_kernel(ns: argparse.Namespace, case: Case, kernel: str) -> list[dict[s
                 done[launch] = measure(ns, case, kernel, launch, reference)
 
     if ns.search == "full":
-        run_all([DEFAULT_LAUNCH] + [MoeLaunch(*c) for c in
-                                    itertools.product(ns.block_n, ns.block_k, ns.warps, ns.stages)])
+        run_all([DEFAULT_LAUNCH] + [MoeLaunch(*c[:4], bool(c[4])) for c in
+                                    itertools.product(ns.block_n, ns.block_k, ns.warps, ns.stages,
+                                                      ns.block_major)])
         return list(done.values())
     warps = default_or_first(ns.warps, DEFAULT_LAUNCH.num_warps)
     stages = default_or_first(ns.stages, DEFAULT_LAUNCH.num_stages)
@@ -172,6 +178,9 @@ def sweep_kernel(ns: argparse.Namespace, case: Case, kernel: str) -> list[dict[s
     if top is not None:
         run_all([MoeLaunch(top["block_n"], top["block_k"], w, s)
                  for w, s in itertools.product(ns.warps, ns.stages)])
+    top = best(list(done.values()))
+    if top is not None:
+        run_all([replace(launch_of(top), block_major=bool(b)) for b in ns.block_major])
     return list(done.values())
 
 

@@ -19,9 +19,13 @@ layer than its own GEMMs and activation (at a denoise round's few rows each such
 its launch latency, ~5 us on an H200, more than its bytes).
 Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
 of assignments (benchmarks/moe_tune.py measures the candidates).
-Program ids run the blocks of one N tile consecutively, so the blocks of one expert (same
-weight tile) run side by side and share it through L2: each selected expert's weights come from
-memory about once per projection. Oracle: `layers.moe.route` + `moe_reference`.
+Program ids run the blocks of one N tile consecutively, or (`MoeLaunch.block_major`, the
+launches from 1024 tokens) each block's N tiles consecutively; either way the blocks of one
+expert (same weight tiles) run side by side and share them through L2, so each selected
+expert's weights come from memory about once per projection. Block-major also reads each
+block's input rows once: N-major re-reads all of them per N tile, from memory once they outgrow
+L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.moe.route` +
+`moe_reference`.
 """
 
 from __future__ import annotations
@@ -55,13 +59,17 @@ from dllm_serve.layers.moe import (
 @dataclass(frozen=True)
 class MoeLaunch:
     """Output columns (block_n) and reduction step (block_k) per program, warps and pipeline
-    stages of one grouped-GEMM launch. Any values are correct (loads and stores are masked);
-    they only change speed."""
+    stages of one grouped-GEMM launch, and the programs' order: `block_major` runs a block's
+    N tiles at consecutive program ids (the block's input rows read once through L2), else
+    one N tile's blocks (each N tile re-reads every block's input rows, which at thousands of
+    rows no longer stay in L2). Any values are correct (loads and stores are masked); they
+    only change speed."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    block_major: bool = False
 
 
 SUM_BLOCK = 1024  # hidden columns per program of the choice sum
@@ -75,8 +83,11 @@ DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 # holds a batch's assignments. Assignments are fixed per CUDA-graph bucket, so each bucket has
 # its launches. Measured at LLaDA2.0-mini's expert shapes on an H200 (benchmarks/results/h200/
 # gpupath/moe_tune_*.json; T = 512 .. 2048 at choose_block_m's rows, moe_tune_block_m_*.json):
-# 2-10% per GEMM over the default launch. A launch that does not fit the device's shared memory
-# at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (_run_fitting).
+# 2-10% per GEMM over the default launch. Block-major from T = 1024 (moe_tune_block_major_
+# 21c82dc.json: down 178 against 214 us a layer at T = 2048, 147-155 against 161-167 at 1024;
+# in rounds B = 32 / 64 0.2-0.6 ms faster, B = 1 / 4 0.1-0.2 ms slower: roofline_ab_block_major_
+# 21c82dc.json). A launch that does not fit the device's shared memory at a batch's BLOCK_M
+# falls back to DEFAULT_LAUNCH (_run_fitting).
 MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
     (256,  # T = 32: up, down
      MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=4),
@@ -88,11 +99,11 @@ MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
      MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3),
      MoeLaunch(block_n=64, block_k=128, num_warps=8, num_stages=3)),
     (8192,  # T = 1024 (64 rows)
-     DEFAULT_LAUNCH,
-     DEFAULT_LAUNCH),
+     MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True),
+     MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True)),
     (1 << 30,  # T = 2048 and more (64 rows)
-     DEFAULT_LAUNCH,
-     MoeLaunch(block_n=128, block_k=64, num_warps=8, num_stages=3)),
+     MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True),
+     MoeLaunch(block_n=128, block_k=64, num_warps=8, num_stages=3, block_major=True)),
 )
 
 
@@ -272,16 +283,28 @@ def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
 
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
     return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-                DOT_F32=interpreted(), num_warps=launch.num_warps, num_stages=launch.num_stages)
+                BLOCK_MAJOR=launch.block_major, DOT_F32=interpreted(),
+                num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 @triton.jit
 def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows,
-                num_shared, BLOCK_M: tl.constexpr):
-    """This program's block: (expert, -1 when unused; whether it is a block of the shared
-    expert (those follow the max_blocks routed ones); rows of h / y; row validity). The shared
-    expert's rows are num_rows + t for its num_shared tokens t."""
-    block = tl.program_id(0) % all_blocks
+                num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_MAJOR: tl.constexpr):
+    """This program's tile: (its block's expert, -1 when unused; whether it is a block of the
+    shared expert (those follow the max_blocks routed ones); rows of h / y; row validity;
+    output columns (BLOCK_N,) of n_cols). The shared expert's rows are num_rows + t for its
+    num_shared tokens t. BLOCK_MAJOR: program ids run a block's N tiles consecutively, then
+    the next block's; else one N tile's blocks, then the next N tile's. Either way the blocks
+    of one expert run side by side and share its weight tiles through L2."""
+    if BLOCK_MAJOR:
+        n_tiles = tl.cdiv(n_cols, BLOCK_N)
+        block = tl.program_id(0) // n_tiles
+        n_tile = tl.program_id(0) % n_tiles
+    else:
+        block = tl.program_id(0) % all_blocks
+        n_tile = tl.program_id(0) // all_blocks
+    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     shared = block >= max_blocks
     routed = tl.minimum(block, max_blocks - 1)  # in bounds either way
     expert = tl.load(BlockExpert + routed)
@@ -290,7 +313,7 @@ def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_r
     rows = tl.where(shared, num_rows + (block - max_blocks) * BLOCK_M + m,
                     tl.load(SortedRows + routed * BLOCK_M + m))  # (BLOCK_M,)
     valid = tl.where(shared, rows < num_rows + num_shared, rows < num_rows)
-    return expert, shared, rows, valid
+    return expert, shared, rows, valid, n
 
 
 @triton.jit
@@ -307,13 +330,13 @@ def _expert_weight(W, WShared, expert, shared, stride_we):
 def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT_F32: tl.constexpr):
+               BLOCK_MAJOR: tl.constexpr, DOT_F32: tl.constexpr):
     """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]); the
     shared expert's rows num_rows + t: the same of token t through WShared."""
-    expert, shared, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks,
-                                              all_blocks, num_rows, num_tokens, BLOCK_M)
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_tokens,
+                                                 inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR)
     if expert >= 0:
-        n = (tl.program_id(0) // all_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = n < inter
         tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
         w = _expert_weight(W13, WShared, expert, shared, stride_we)
@@ -338,13 +361,14 @@ def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we,
 @triton.jit
 def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                  all_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
+                 DOT_F32: tl.constexpr):
     """y[a, n] = h[a] . w2[e, n] (WShared for the shared expert's rows), accumulated in fp32,
     stored in Y's dtype."""
-    expert, shared, rows, valid = _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks,
-                                              all_blocks, num_rows, num_shared, BLOCK_M)
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_shared,
+                                                 hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR)
     if expert >= 0:
-        n = (tl.program_id(0) // all_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = n < hidden
         w = _expert_weight(W2, WShared, expert, shared, stride_we)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
