@@ -9,13 +9,15 @@ configuration (query rows per tile, keys per step, warps, pipeline stages, key-r
 CUDA graph of --launches back-to-back launches, the plan built beforehand: as in a round; launched
 from Python, a small batch's launches timed the host, 50-100 us against the ~8 us a layer the
 kernel takes in a round at B = 1) and the achieved KV bandwidth and FLOP rate. The launches cycle
-through copies of the K/V (up to 8, together >= 256 MB) so that each reads its K/V from memory
-as in a round, where the expert weights evict it from L2 (with one copy in L2 a launch that reads
-each K/V more than once, such as half tiles per program, looked faster than it is in a round:
-results/h200/gpupath/tried_half_tiles_6f696b1.patch). It checks the output against the
-default configuration's. The kernel's launch constants are module globals (BLOCK_M and the LAUNCHES
-table in kernels/block_attention.py, PROGRAMS_PER_SM in triton_attention.py); this script sets them
-for each row (one launch for every split count) and restores them.
+through copies of the K/V (together >= 256 MB, at most 256; a graph uses --launches of them) so
+that each reads its K/V from memory as in a round, where the expert weights evict it from L2 (small
+batches with short prefixes stay partly in L2: 20 launches at B = 1, ~1k are ~40 MB). With one
+copy in L2 a launch that reads each K/V more than once, such as half tiles per program, looked
+faster than it is in a round (results/h200/gpupath/tried_half_tiles_6f696b1.patch). It checks the
+output against the default configuration's. The kernel's launch constants are module globals
+(BLOCK_M and the LAUNCHES table in kernels/block_attention.py, PROGRAMS_PER_SM in
+triton_attention.py); this script sets them for each row (one launch for every split count) and
+restores them.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dllm_serve.kernels.runtime import cdiv, num_sms
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 128, 32
 KV_ROTATION_BYTES = 256 << 20  # K/V copies cycled through: past an H200's 50 MB L2
-MAX_COPIES = 8
+MAX_COPIES = 256
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,7 +85,7 @@ class Case:
         slots = sum(pages) * page
         k = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
         v = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen).to(device, torch.bfloat16)
-        copies = max(1, min(MAX_COPIES, cdiv(KV_ROTATION_BYTES, 2 * k.numel() * 2)))
+        copies = max(1, min(MAX_COPIES, cdiv(KV_ROTATION_BYTES, 2 * k.numel() * k.element_size())))
         self.kv = [(k, v)] + [(k.clone(), v.clone()) for _ in range(copies - 1)]
         self.q = torch.randn(batch * BLOCK, HEADS, HEAD_DIM, generator=gen).to(device,
                                                                              torch.bfloat16)

@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-major", type=int, nargs="+", default=[0, 1], choices=[0, 1],
                    help="program orders to try at the best launch (1: a block's N tiles "
                         "together, 0: an N tile's blocks together)")
-    p.add_argument("--search", choices=["two-stage", "full"], default="two-stage")
+    p.add_argument("--search", choices=["staged", "full"], default="staged")
     p.add_argument("--iters", type=int, default=10, help="timed repetitions (median)")
     p.add_argument("--launches", type=int, default=5, help="back-to-back launches per timing")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="B/s for the bytes floor")
@@ -155,8 +155,8 @@ def default_or_first(values: list[int], default: int) -> int:
 
 
 def sweep_kernel(ns: argparse.Namespace, case: Case, kernel: str) -> list[dict[str, Any]]:
-    """Every candidate (full) or tile shapes, then warps x stages at the best (two-stage);
-    DEFAULT_LAUNCH always, for the comparison."""
+    """Every candidate (full), or (staged) tile shapes, then warps x stages at the best, then
+    the program orders at the best; DEFAULT_LAUNCH always, for the comparison."""
     reference = (case.h if kernel == "up" else case.down(DEFAULT_LAUNCH)).float()
     done: dict[MoeLaunch, dict[str, Any]] = {}
 

@@ -120,6 +120,13 @@ def test_split_k_over_ragged_prefixes(splits: int | None, shape: Shape) -> None:
     assert_close(*run_both(shape, segs, torch.float32, splits), torch.float32)
 
 
+@pytest.mark.parametrize("splits", [4, 8])
+def test_split_k_over_a_prefill_tile(splits: int) -> None:
+    """A prefill tile spanning many blocks, split: most splits start past the keys its first
+    rows see, so their unmasked steps must be none (not a negative count that re-reads keys)."""
+    assert_close(*run_both(SMALL, [(0, 128), (40, 8)], torch.float32, splits), torch.float32)
+
+
 @pytest.mark.parametrize("combine_rows", [1, 2, 64])
 def test_split_k_combine_rows_per_program(combine_rows: int) -> None:
     """40 tokens x 4 heads = 160 (token, head) rows: one row per combine program, two, and

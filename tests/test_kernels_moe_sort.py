@@ -30,14 +30,16 @@ def test_equals_torch_align(tokens: int, experts: int, top_k: int) -> None:
     check(scores.topk(top_k, dim=1).indices.to(DEVICE), experts)
 
 
-@pytest.mark.parametrize("tokens", [1, 32, 33, 129])
-def test_fused_count_and_separate_launches(tokens: int, monkeypatch: pytest.MonkeyPatch
-                                           ) -> None:
+@pytest.mark.parametrize("chunks", ["one", "bound", "past the bound", "many"])
+def test_fused_count_and_separate_launches(chunks: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both ways to the counts' prefix (one launch up to FUSED_CHUNKS chunks, two past it) at
-    chunk counts on either side of the bound (8 choices: 1, 4, 5 and 17 chunks of 64)."""
+    chunk counts on either side of the bound (top-8: CHUNK / 8 tokens a chunk)."""
     from dllm_serve.kernels import moe_sort
 
-    assert moe_sort.CHUNK == 64 and moe_sort.FUSED_CHUNKS == 4
+    per_chunk = moe_sort.CHUNK // 8
+    tokens = {"one": 1, "bound": moe_sort.FUSED_CHUNKS * per_chunk,
+              "past the bound": moe_sort.FUSED_CHUNKS * per_chunk + 1,
+              "many": 4 * moe_sort.FUSED_CHUNKS * per_chunk + 3}[chunks]
     gen = torch.Generator().manual_seed(tokens)
     ids = torch.rand(tokens, 64, generator=gen).topk(8, dim=1).indices.to(DEVICE)
     check(ids, 64)

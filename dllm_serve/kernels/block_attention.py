@@ -223,7 +223,8 @@ def _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc, stride_
           HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
           MASKED: tl.constexpr, DOT_F32: tl.constexpr):
     """One online-softmax step over keys [start, start + BLOCK_N). Unless MASKED every key of
-    the step is below hi and below every row's limit: no key mask, and scores are finite."""
+    the step is below hi and below every valid row's limit: no key mask, and scores are finite
+    (the tile's padding rows have q = 0)."""
     kpos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     kin = kpos < hi
     slot = _key_slots(PageTable, req, start, kpos, kin, stride_pt, PAGE, BLOCK_N)

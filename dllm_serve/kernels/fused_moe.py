@@ -20,7 +20,7 @@ its launch latency, ~5 us on an H200, more than its bytes).
 Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
 of assignments (benchmarks/moe_tune.py measures the candidates).
 Program ids run the blocks of one N tile consecutively, or (`MoeLaunch.block_major`, the
-launches from 1024 tokens) each block's N tiles consecutively; either way the blocks of one
+launches past 512 tokens) each block's N tiles consecutively; either way the blocks of one
 expert (same weight tiles) run side by side and share them through L2, so each selected
 expert's weights come from memory about once per projection. Block-major also reads each
 block's input rows once: N-major re-reads all of them per N tile, from memory once they outgrow
@@ -83,11 +83,12 @@ DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 # holds a batch's assignments. Assignments are fixed per CUDA-graph bucket, so each bucket has
 # its launches. Measured at LLaDA2.0-mini's expert shapes on an H200 (benchmarks/results/h200/
 # gpupath/moe_tune_*.json; T = 512 .. 2048 at choose_block_m's rows, moe_tune_block_m_*.json):
-# 2-10% per GEMM over the default launch. Block-major from T = 1024 (moe_tune_block_major_
-# 21c82dc.json: down 178 against 214 us a layer at T = 2048, 147-155 against 161-167 at 1024;
-# in rounds B = 32 / 64 0.2-0.6 ms faster, B = 1 / 4 0.1-0.2 ms slower: roofline_ab_block_major_
-# 21c82dc.json). A launch that does not fit the device's shared memory at a batch's BLOCK_M
-# falls back to DEFAULT_LAUNCH (_run_fitting).
+# 2-10% per GEMM over the default launch. Block-major past T = 512, i.e. the denoise buckets
+# of 24 blocks and more and prefill chunks past 512 tokens (moe_tune_block_major_21c82dc.json:
+# down 178 against 214 us a layer at T = 2048, 147-155 against 161-167 at 1024; in rounds
+# B = 32 / 64 0.2-0.6 ms faster, B = 16 equal, B = 1 / 4 0.1-0.2 ms slower: roofline_ab_block_
+# major_21c82dc.json; B = 24 not measured). A launch that does not fit the device's shared
+# memory at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (_run_fitting).
 MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
     (256,  # T = 32: up, down
      MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=4),

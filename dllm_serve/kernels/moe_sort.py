@@ -4,7 +4,7 @@ Same result as the oracle `moe_align.align_by_expert` (assignments stably sorted
 each expert's run padded to a multiple of block_m), same static shapes, no host sync:
 1. the per-chunk counts (C, E) of chunks of CHUNK assignments, then for each chunk its exclusive
    per-expert prefix over earlier chunks (C, E) and the experts' totals (E,). Up to
-   FUSED_CHUNKS chunks (a denoise round of up to 8 blocks at top-8) one launch does both,
+   FUSED_CHUNKS chunks (256 assignments: one 32-token block at top-8) one launch does both,
    `_count_prefix_kernel`: one program per slice of EXPERT_SLICE experts walks the chunks in
    order. Past that, `_count_kernel` (one program per chunk) then `_prefix_kernel` (one per
    slice of experts over the chunks' counts): the walk grows with the chunks;
@@ -38,7 +38,7 @@ from dllm_serve.kernels.runtime import cdiv, check_device, next_pow2
 CHUNK = 64  # assignments per program of the count kernel and of the placing chunks
 EXPERT_SLICE = 16  # experts per program of the prefix (and fused count-prefix) kernel
 FUSED_CHUNKS = 4  # at most this many chunks: counts and prefix in one launch
-PLACE_WARPS = 2
+PLACE_WARPS = 2  # warps of the placing launch (short reductions: 2 beat 4)
 
 
 def supports(num_experts: int) -> bool:
