@@ -14,6 +14,7 @@ from dllm_serve.kernels.kv_store import store_kv
 from dllm_serve.kernels.norm import fused_rms_norm
 from dllm_serve.kernels.rope import fused_qk_norm_rope
 from dllm_serve.kernels.silu_mul import MAX_BLOCK, fused_silu_mul
+from dllm_serve.layers.attention import KvTarget
 from dllm_serve.layers.fused import set_kernel_backend
 from dllm_serve.layers.mlp import SwiGLUMLP, silu_and_mul
 from dllm_serve.layers.norm import RMSNorm, rms_norm
@@ -71,7 +72,11 @@ def reference_norm_rope(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor | Non
 
 
 def check_qk_rope(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary: int,
-                  dtype: torch.dtype, norm: bool, fused_buffer: bool, seed: int) -> None:
+                  dtype: torch.dtype, norm: bool, fused_buffer: bool, seed: int,
+                  store: bool = False) -> None:
+    """In place, equal to the oracle, v untouched; with `store` the caches hold the returned
+    k and v at each token's slot, bit for bit (as AttentionBackend.store writes them), and
+    nothing else changed."""
     gen = torch.Generator().manual_seed(seed)
     qkv = rand(tokens, heads + 2 * kv_heads, head_dim, gen=gen, dtype=dtype)
     if fused_buffer:
@@ -85,11 +90,44 @@ def check_qk_rope(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary:
     cos, sin = RotaryEmbedding(rotary, 10000.0).to(DEVICE)(positions, dtype)
     ref_q, ref_k = reference_norm_rope(q.clone(), k.clone(), qw, kw, cos, sin)
     v_before = v.clone()
-    out_q, out_k = fused_qk_norm_rope(q, k, qw, kw, 1e-6, cos, sin)
+    target = None
+    if store:
+        slots = 3 * tokens
+        target = KvTarget(rand(slots, kv_heads, head_dim, gen=gen, dtype=dtype),
+                          rand(slots, kv_heads, head_dim, gen=gen, dtype=dtype),
+                          torch.randperm(slots, generator=gen)[:tokens].to(DEVICE))
+        caches = target.k_cache.clone(), target.v_cache.clone()
+    out_q, out_k = fused_qk_norm_rope(q, k, qw, kw, 1e-6, cos, sin, v, target)
     assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()  # in place
     close(out_q, ref_q, dtype)
     close(out_k, ref_k, dtype)
     torch.testing.assert_close(v, v_before, rtol=0, atol=0)  # v heads untouched
+    if target is not None:
+        caches[0][target.loc], caches[1][target.loc] = out_k, v
+        torch.testing.assert_close(target.k_cache, caches[0], rtol=0, atol=0)
+        torch.testing.assert_close(target.v_cache, caches[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fused_buffer", [True, False])
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_norm_rope_stores_kv(fused_buffer: bool, norm: bool) -> None:
+    """The store rides along the launch that holds k (one launch on the fused buffer, the
+    second of two on separate q and k), with three kv heads (a padded head tile)."""
+    check_qk_rope(13, 6, 3, 16, 8, torch.float32, norm, fused_buffer, seed=5, store=True)
+
+
+def test_qk_norm_rope_store_checks_shapes() -> None:
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = rand(4, 8, 16, gen=gen, dtype=torch.float32).split([4, 2, 2], dim=1)
+    cos, sin = RotaryEmbedding(16, 10000.0).to(DEVICE)(torch.arange(4, device=DEVICE),
+                                                       torch.float32)
+    cache = torch.zeros(8, 2, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="give v"):
+        fused_qk_norm_rope(q, k, None, None, 1e-6, cos, sin, None,
+                           KvTarget(cache, cache, torch.arange(4, device=DEVICE)))
+    with pytest.raises(ValueError, match="must hold 2 heads of 16"):
+        fused_qk_norm_rope(q, k, None, None, 1e-6, cos, sin, v,
+                           KvTarget(cache[:, :1], cache[:, :1], torch.arange(4, device=DEVICE)))
 
 
 @pytest.mark.parametrize("fused_buffer", [True, False])
@@ -192,6 +230,7 @@ def test_store_kv(tokens: int, kv_heads: int, head_dim: int) -> None:
 def test_llada2_mini_shapes(tokens: int) -> None:
     check_norm(tokens, 2048, torch.bfloat16, seed=tokens)
     check_qk_rope(tokens, 16, 4, 128, 64, torch.bfloat16, True, True, seed=tokens)
+    check_qk_rope(tokens, 16, 4, 128, 64, torch.bfloat16, True, True, seed=tokens, store=True)
     check_store(tokens, 4, 128, torch.bfloat16, seed=tokens)
     gen = torch.Generator().manual_seed(tokens)
     for inter in (512, 5120):  # the shared expert's and the dense layer's

@@ -25,8 +25,12 @@ class TrainingAttention(AttentionBackend):
     def prepare(self, fb: ForwardBatch) -> None:
         """Nothing to plan: the mask arrives ready in fb.attn_meta."""
 
+    def kv_target(self, layer_id: int, fb: ForwardBatch) -> None:
+        """No cache: a fused kernel stores nothing."""
+        return None
+
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
+                fb: ForwardBatch, stored: bool = False) -> torch.Tensor:
         mask: torch.Tensor = fb.attn_meta  # (R, 1, N, N) bool
         rows, n = mask.shape[0], mask.shape[-1]
         dtype = v.dtype  # bf16 under autocast: q and k leave the fp32 qk-norm/RoPE in fp32

@@ -2,7 +2,8 @@
 
 `prepare` plans the launch once per ForwardBatch (tiles copied to the device in one transfer,
 split-K workspaces allocated); `forward` stores the layer's new K/V at `out_cache_loc` (one
-fused launch, kernels/kv_store.py) and launches the kernel: nothing in `forward` waits for the
+fused launch, kernels/kv_store.py; none when the q/k norm + RoPE kernel stored them) and
+launches the kernel: nothing in `forward` waits for the
 device. `static_plan` gives CUDA graphs a plan over a caller-filled tile table: the split count
 depends only on the tile count (never on key lengths), so a graph captured for one batch size
 stays valid for any prefix lengths, which the kernel reads from the tile table.
@@ -70,8 +71,9 @@ class TritonAttention(AttentionBackend):
         store_kv(k, v, self.kv.k[layer_id], self.kv.v[layer_id], fb.out_cache_loc)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
-        self.store(layer_id, k, v, fb)
+                fb: ForwardBatch, stored: bool = False) -> torch.Tensor:
+        if not stored:
+            self.store(layer_id, k, v, fb)
         plan: BlockAttnPlan = fb.attn_meta
         return block_attention(q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_page,
                                fb.req_slots, plan, self.kv.page_size, self.scale)

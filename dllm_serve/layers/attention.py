@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,18 @@ def block_causal(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int) -> t
         q_pos, block_size, rounding_mode="floor")
 
 
+class KvTarget(NamedTuple):
+    """Where one layer's new K/V go: k_cache, v_cache (slots, KVH, D), loc (T,) each token's
+    slot. A fused kernel that writes them (the Triton q/k norm + RoPE) takes this."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    loc: torch.Tensor
+
+
 class AttentionBackend(ABC):
-    """Writes each layer's new K/V into the cache, then attends through the page table."""
+    """Writes each layer's new K/V into the cache (unless a fused kernel already did, through
+    `kv_target`), then attends through the page table."""
 
     def __init__(self, kv: KVCache, num_heads: int, head_dim: int, scale: float) -> None:
         self.kv = kv
@@ -41,8 +52,14 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
-        """q (T, H, D), k and v (T, KVH, D) -> (T, H * D). Stores k, v at fb.out_cache_loc."""
+                fb: ForwardBatch, stored: bool = False) -> torch.Tensor:
+        """q (T, H, D), k and v (T, KVH, D) -> (T, H * D). Stores k, v at fb.out_cache_loc
+        first, unless `stored` (a kernel wrote them to `kv_target`'s places)."""
+
+    def kv_target(self, layer_id: int, fb: ForwardBatch) -> KvTarget | None:
+        """Where `store` puts layer `layer_id`'s new K/V, for a kernel that writes them (then
+        `forward(..., stored=True)`); None: nothing to store."""
+        return KvTarget(self.kv.k[layer_id], self.kv.v[layer_id], fb.out_cache_loc)
 
     def store(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> None:
         self.kv.k[layer_id][fb.out_cache_loc] = k.to(self.kv.k[layer_id].dtype)
@@ -68,8 +85,9 @@ class TorchAttention(AttentionBackend):
         fb.attn_meta = build_padded_meta(fb, self.kv)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
-        self.store(layer_id, k, v, fb)
+                fb: ForwardBatch, stored: bool = False) -> torch.Tensor:
+        if not stored:
+            self.store(layer_id, k, v, fb)
         meta: PaddedMeta = fb.attn_meta
         qs = q[meta.q_index].transpose(1, 2)  # (S, H, Qmax, D)
         ks = self.kv.k[layer_id][meta.k_slot].transpose(1, 2).to(q.dtype)  # (S, KVH, Kmax, D)

@@ -17,10 +17,10 @@ from torch import nn
 from dllm_serve.utils.registry import Registry
 
 # (q (T, H, D), k (T, KVH, D), q_norm weight (D,) | None, k_norm weight | None, eps,
-#  cos (T, R), sin (T, R)) -> (q, k) normed (when weights are given) then rotated; the kernel
-# may write into q and k in place.
-QkRopeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
-                         float, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+#  cos (T, R), sin (T, R), v (T, KVH, D) | None, target: layers.attention.KvTarget | None)
+# -> (q, k) normed (when weights are given) then rotated; the kernel may write into q and k in
+# place. With v and a target it also stores the resulting k and v at the target's slots.
+QkRopeKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 QK_ROPE_KERNELS: Registry[QkRopeKernel] = Registry("q/k norm + RoPE kernel backend")
 
 

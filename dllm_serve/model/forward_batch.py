@@ -23,7 +23,10 @@ class Attention(Protocol):
     the interface; this module stays a leaf that layers/ and model/ both import)."""
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor: ...
+                fb: ForwardBatch, stored: bool = False) -> torch.Tensor: ...
+
+    def kv_target(self, layer_id: int, fb: ForwardBatch) -> Any:
+        """layers.attention.KvTarget for a kernel that stores the layer's K/V, or None."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dllm_serve.layers.attention import KvTarget
 from dllm_serve.layers.norm import RMSNorm
 from dllm_serve.layers.rotary import QK_ROPE_KERNELS, RotaryEmbedding, apply_rotary
 from dllm_serve.model.forward_batch import ForwardBatch
@@ -74,19 +75,25 @@ class SelfAttention(nn.Module):
         """x (T, hidden), cos/sin (T, rotary_dim) -> (T, hidden)."""
         qkv = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # (T, H+2KVH, D)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        q, k = self.norm_rope(q, k, cos, sin)  # (T, H, D), (T, KVH, D)
-        out = fb.attn.forward(self.layer_id, q, k, v, fb)  # (T, H * D)
+        # The fused q/k kernel also stores k and v where the backend keeps them
+        target = fb.attn.kv_target(self.layer_id, fb) if self.kernel_backend != "torch" else None
+        q, k = self.norm_rope(q, k, cos, sin, v, target)  # (T, H, D), (T, KVH, D)
+        out = fb.attn.forward(self.layer_id, q, k, v, fb, stored=target is not None)  # (T, H*D)
         return self.o_proj(out)
 
     def norm_rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  sin: torch.Tensor, v: torch.Tensor | None = None,
+                  target: KvTarget | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head RMSNorm of q and k (when the model has it), then RoPE on [0, rotary_dim).
+        A fused kernel also stores the resulting k and v at `target` (when given).
 
-        The plain path is the oracle of the fused kernels in QK_ROPE_KERNELS."""
+        The plain path (which stores nothing) is the oracle of the fused kernels in
+        QK_ROPE_KERNELS."""
         if self.kernel_backend != "torch":
             qw, kw, eps = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
                            if self.qk_norm else (None, None, 0.0))
-            return QK_ROPE_KERNELS.get(self.kernel_backend)(q, k, qw, kw, eps, cos, sin)
+            return QK_ROPE_KERNELS.get(self.kernel_backend)(q, k, qw, kw, eps, cos, sin, v,
+                                                            target)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -129,8 +136,9 @@ class DecoderModel(nn.Module):
 class DecoderLM(nn.Module):
     """The whole LM: what the runner and the loader use of any architecture.
 
-    `forward` never touches the KV cache: every layer hands q (T, H, D) and k, v (T, KVH, D),
-    after qk-norm and RoPE at `fb.positions`, to `fb.attn.forward`, which stores and attends.
+    `forward` never touches the KV cache itself: every layer hands q (T, H, D) and k, v (T,
+    KVH, D), after qk-norm and RoPE at `fb.positions`, to `fb.attn.forward`, which stores and
+    attends (with fused kernels the q/k kernel stores them at `fb.attn.kv_target`'s slots).
     Subclasses (one per architecture) parse their config and pass the spec, the per-layer MLP
     and the weight map; `self.config` is their parsed config (it has `vocab_size`).
     """
