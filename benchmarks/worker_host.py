@@ -57,19 +57,21 @@ K, MASK, EOS, VOCAB = 32, 15, 14, 16
 class MetaRunner(FakeRunner):
     """FakeRunner whose forward costs the host what the bucketed path's does: the staged row
     writes (the worker's hook); the forward's metadata is computed on the device from the rows
-    (model/denoise_graphs.py), so the host writes none."""
+    (model/denoise_graphs.py), so the host writes none, and its logits are a static buffer's
+    first rows (as DenoiseGraphs'), so preparing a layout allocates nothing."""
 
-    def __init__(self, num_pages: int, page_size: int, max_requests: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, max_requests: int, wavefront: int) -> None:
         super().__init__(K, num_pages, page_size, VOCAB)
         self.max_requests = self.scratch_slot = max_requests
+        self.logits = torch.zeros(max_requests * wavefront * K, VOCAB)  # the worker's rows
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                         block_ids: torch.Tensor) -> DenoiseRun:
-        logits = torch.zeros(block_ids.numel(), VOCAB)
+        t = block_ids.numel()
 
         def run() -> torch.Tensor:
             self.before()  # the worker's staged row writes
-            return logits
+            return self.logits[:t]
 
         return DenoiseRun(run)
 
@@ -81,7 +83,7 @@ def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
                           max_queued_requests=None, chunked_prefill_size=4096, num_pages=pages,
                           page_size=K, wavefront_size=wavefront, radix_cache=False)
     algo = ScheduledDenoise(ScheduledConfig(mean=mean_forwards), K, MASK)
-    runner = MetaRunner(pages, K, running)
+    runner = MetaRunner(pages, K, running, wavefront)
     # W > 1: every masked position counts as ready, so each frontier spawns at once (the
     # wavefront's bookkeeping at its busiest)
     wf = WavefrontConfig(wavefront, token_threshold=0.0 if wavefront > 1 else None)
