@@ -17,6 +17,7 @@ from dllm_serve.kernels.fused_moe import (
 )
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
+from dllm_serve.kernels.norm import fused_rms_norm
 from dllm_serve.layers.mlp import swiglu
 from dllm_serve.layers.moe import (
     MOE_BACKENDS,
@@ -32,6 +33,7 @@ from dllm_serve.layers.moe import (
     sum_logit_parts,
     torch_moe,
 )
+from dllm_serve.layers.norm import RMSNorm, rms_norm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LLADA2 = RoutingParams(top_k=8, score_function="sigmoid", n_group=8, topk_group=4,
@@ -253,6 +255,11 @@ def test_tokens_past_int32_offsets_run_in_parts(monkeypatch: pytest.MonkeyPatch)
     parts = fused_experts(x, w13, w2, ids, weights, addends=(res,), shared=shared)
     assert calls == [7] * 5 + [2]
     torch.testing.assert_close(parts, whole, rtol=1e-6, atol=1e-6)
+    norm_weight = torch.ones(64, device=DEVICE)
+    out, normed = fused_experts(x, w13, w2, ids, weights, addends=(res,), shared=shared,
+                                norm=(norm_weight, 1e-6))
+    torch.testing.assert_close(out, whole, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(normed, rms_norm(out, norm_weight, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 def test_fused_shared_expert_refuses_what_it_cannot_fuse() -> None:
@@ -366,6 +373,50 @@ def test_sum_choices_adds_the_addends_as_torch_does(count: int, dtype: torch.dty
         torch.testing.assert_close(out, ref, rtol=0, atol=count * step)
     with pytest.raises(ValueError, match="at most two"):
         sum_choices(y, w, dtype, addends * 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [64, 2100])  # 2100: one program a row, a masked tail
+def test_sum_choices_with_the_next_norm(hidden: int, dtype: torch.dtype) -> None:
+    """With a norm the sum is the same bits as without, and the normed rows those of the
+    RMSNorm kernel (kernels/norm.py) over it, bit for bit; within rounding of the oracle."""
+    gen = torch.Generator().manual_seed(hidden)
+    tokens, top_k = 5, 4
+    y = rand(tokens * top_k, hidden, gen=gen).to(dtype)
+    w = torch.rand(tokens, top_k, generator=gen).to(DEVICE)
+    addends = (rand(tokens, hidden, gen=gen).to(dtype), rand(tokens, hidden, gen=gen).to(dtype))
+    norm_weight = (1 + rand(hidden, gen=gen, scale=0.1)).to(dtype)
+    out, normed = sum_choices(y, w, dtype, addends, (norm_weight, 1e-6))
+    assert torch.equal(out, sum_choices(y, w, dtype, addends))
+    assert normed.dtype == dtype and normed.shape == out.shape
+    assert torch.equal(normed, fused_rms_norm(out, norm_weight, 1e-6))
+    torch.testing.assert_close(normed.float(), rms_norm(out, norm_weight, 1e-6).float(),
+                               rtol=1e-5 if dtype == torch.float32 else 2e-2,
+                               atol=1e-5 if dtype == torch.float32 else 2e-2)
+    with pytest.raises(ValueError, match="must be"):
+        sum_choices(y, w, dtype, addends, (norm_weight[:-1], 1e-6))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_moe_block_hands_on_the_next_norm(backend: str) -> None:
+    """SparseMoeBlock(x, residual, norm) = (its output, norm(output)): in the Triton experts'
+    final pass, or after them; a backend that does not fuse a norm is refused one."""
+    gen = torch.Generator().manual_seed(6)
+    experts, p = ROUTINGS["tiny"]
+    block = SparseMoeBlock(64, experts, 32, p, expert_bias=False, router_fp32=True,
+                           shared_intermediate=32).to(DEVICE)
+    for param in block.parameters():
+        param.data.copy_(rand(*param.shape, gen=gen, scale=0.2))
+    norm = RMSNorm(64, 1e-6).to(DEVICE)
+    norm.weight.data.copy_(1 + rand(64, gen=gen, scale=0.1))
+    x, h = rand(11, 64, gen=gen), rand(11, 64, gen=gen)
+    set_moe_backend(block, backend)
+    out, normed = block(x, residual=h, norm=norm)
+    assert torch.equal(out, block(x, residual=h))
+    torch.testing.assert_close(normed, norm(out), rtol=1e-5, atol=1e-5)
+    if backend == "torch":
+        with pytest.raises(ValueError, match="does not fuse a norm"):
+            block.experts(x, block.gate(x), None, p, norm=(norm.weight, norm.eps))
 
 
 @pytest.mark.parametrize("shared_width", [16, 32])  # 32: the routed width, fused as an expert

@@ -43,11 +43,14 @@ from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
+from dllm_serve.kernels.norm import norm_warps, rms_norm_rows
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
+    FUSES_NORM,
     FUSES_SHARED,
     MOE_BACKENDS,
+    NormParams,
     RoutingParams,
     SharedExpert,
     fuses_shared,
@@ -114,45 +117,54 @@ def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
 
 
 FUSES_SHARED.add("triton")  # fused_experts computes a shared expert among the routed ones
+FUSES_NORM.add("triton")  # and the next RMSNorm in its final pass
 
 
 @MOE_BACKENDS.register("triton")
 def triton_moe(x: torch.Tensor, router_logits: torch.Tensor, expert_bias: torch.Tensor | None,
                p: RoutingParams, w13: torch.Tensor, w2: torch.Tensor,
-               addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None
-               ) -> torch.Tensor:
+               addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None,
+               norm: NormParams | None = None
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The MOE_BACKENDS "triton" entry: fused routing of the logits (T, E) or their partial
     sums (T, P, E) (where its shapes allow) + fused experts (the shared expert among them),
-    the addends added in the experts' final pass."""
+    the addends added and the norm (when given) applied in the experts' final pass."""
     if route_supports(router_logits.shape[-1], p):
         topk_ids, topk_weights = fused_route(router_logits, expert_bias, p)
     else:
         topk_ids, topk_weights = route(sum_logit_parts(router_logits), expert_bias, p)
-    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends, shared=shared)
+    return fused_experts(x, w13, w2, topk_ids, topk_weights, addends=addends, shared=shared,
+                         norm=norm)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor,
                   launches: tuple[MoeLaunch, MoeLaunch] | None = None,
                   addends: tuple[torch.Tensor, ...] = (), block_m: int | None = None,
-                  shared: SharedExpert | None = None) -> torch.Tensor:
+                  shared: SharedExpert | None = None, norm: NormParams | None = None
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x (T, hidden), w13 (E, 2I, hidden), w2 (E, hidden, I), topk_ids/topk_weights (T, K)
     -> (T, hidden) in x.dtype; equal to `moe_reference` within rounding, then the addends
     (T, hidden) added in order (`sum_choices`). `shared` (2I, hidden), (hidden, I): a shared
     expert of the same width, computed with the routed ones and added (unweighted) before the
-    addends. `launches` (up, down) overrides the table's and `block_m` the expert blocks'
-    rows (tests, benchmarks/moe_tune.py)."""
+    addends. `norm` (weight, eps): (out, RMSNorm(out)) (`sum_choices`). `launches` (up,
+    down) overrides the table's and `block_m` the expert blocks' rows (tests,
+    benchmarks/moe_tune.py)."""
     check_device(x, "fused_experts")
     t, k = topk_ids.shape
     hidden = w2.shape[1]
     if t == 0:
-        return x.new_zeros(0, hidden)
+        empty = x.new_zeros(0, hidden)
+        return empty if norm is None else (empty, empty.clone())
     step = max(1, MAX_ELEMENTS // ((k + 1) * max(hidden, w2.shape[2])))  # tokens a call takes
     if t > step:  # ~116k tokens at LLaDA2.0-mini's widths: a prefill chunk that large, in parts
-        return torch.cat([fused_experts(x[i:i + step], w13, w2, topk_ids[i:i + step],
-                                        topk_weights[i:i + step], launches,
-                                        tuple(a[i:i + step] for a in addends), block_m, shared)
-                          for i in range(0, t, step)])
+        parts = [fused_experts(x[i:i + step], w13, w2, topk_ids[i:i + step],
+                               topk_weights[i:i + step], launches,
+                               tuple(a[i:i + step] for a in addends), block_m, shared, norm)
+                 for i in range(0, t, step)]
+        if norm is None:
+            return torch.cat(parts)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     if shared is not None:
         check_shared(shared, w13, w2)
         if len(addends) > 1:
@@ -165,11 +177,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     if shared is None:
         h = up_proj(x, w13, blocks, k, up)  # (A, I)
         y = down_proj(h, w2, blocks, down)  # (A, hidden)
-        return sum_choices(y, topk_weights, x.dtype, addends)
+        return sum_choices(y, topk_weights, x.dtype, addends, norm)
     h = up_proj(x, w13, blocks, k, up, shared[0].contiguous())  # (A + T, I)
     y = down_proj(h, w2, blocks, down, shared[1].contiguous(), t)  # (A + T, hidden)
     a = t * k
-    return sum_choices(y[:a], topk_weights, x.dtype, (y[a:], *addends))
+    return sum_choices(y[:a], topk_weights, x.dtype, (y[a:], *addends), norm)
 
 
 def check_shared(shared: SharedExpert, w13: torch.Tensor, w2: torch.Tensor) -> None:
@@ -259,14 +271,18 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
 
 
 def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
-                addends: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                addends: tuple[torch.Tensor, ...] = (), norm: NormParams | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """y (T * K, hidden), topk_weights (T, K) -> (T, hidden) in dtype: each token's K rows
     times their weights, summed in fp32 in choice order (deterministic: no atomics), cast
     once. One pass over y; equal to `(y.view(T, K, hidden).float() * w[:, :, None]).sum(1)
     .to(dtype)` within fp32 rounding (moe_reference's combine). Then each of `addends` (at
     most two, (T, hidden) in dtype) is added in order, each sum rounded to dtype: exactly
     `add_in_order(sum, addends)` (a decoder layer's shared experts and residual, fused into
-    this pass instead of two more kernels each reading and writing (T, hidden))."""
+    this pass instead of two more kernels each reading and writing (T, hidden)). With `norm`
+    (weight (hidden,), eps): (out, RMSNorm(out)), the norm computed as kernels/norm.py's (the
+    next layer's input norm, or the model's final one, without a launch of its own); each
+    program then takes a whole row."""
     (a, hidden), top_k = y.shape, topk_weights.shape[1]
     if len(addends) > 2:
         raise ValueError(f"sum_choices adds at most two tensors, got {len(addends)}")
@@ -274,12 +290,24 @@ def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
     parts = [t.contiguous() for t in addends]
     assert all(t.shape == out.shape and t.dtype == dtype for t in parts)
     first, second = (parts + [out, out])[:2]  # unused pointers: never read
-    block = min(SUM_BLOCK, next_pow2(hidden))
     weights = topk_weights.float().contiguous()
-    _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](
-        y, weights, first, second, out, hidden, TOP_K=top_k, ADDENDS=len(parts), BLOCK=block,
-        num_warps=4)
-    return out
+    if norm is None:
+        block = min(SUM_BLOCK, next_pow2(hidden))
+        _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](
+            y, weights, first, second, out, out, out, 0.0, hidden, TOP_K=top_k,
+            ADDENDS=len(parts), BLOCK=block, NORM=False, num_warps=4)
+        return out
+    norm_weight, eps = norm
+    if norm_weight.shape != (hidden,):
+        raise ValueError(f"sum_choices: norm weight {tuple(norm_weight.shape)} must be "
+                         f"({hidden},)")
+    normed = torch.empty(a // top_k, hidden, dtype=torch.promote_types(dtype, norm_weight.dtype),
+                         device=y.device)
+    block = next_pow2(hidden)
+    _sum_kernel[(a // top_k, 1)](
+        y, weights, first, second, out, norm_weight, normed, eps, hidden, TOP_K=top_k,
+        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=norm_warps(block))
+    return out, normed
 
 
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
@@ -386,11 +414,13 @@ def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we
 
 
 @triton.jit
-def _sum_kernel(Y, Weights, A1, A2, Out, hidden, TOP_K: tl.constexpr, ADDENDS: tl.constexpr,
-                BLOCK: tl.constexpr):
+def _sum_kernel(Y, Weights, A1, A2, Out, NormW, Normed, eps, hidden, TOP_K: tl.constexpr,
+                ADDENDS: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
     """out[t, n] = sum over j < TOP_K of weights[t, j] * y[t * TOP_K + j, n], in fp32, in j
     order, cast to out's dtype; then + a1[t, n] and + a2[t, n] (the first ADDENDS of them),
-    each sum computed in fp32 and cast (as a PyTorch add of two tensors of that dtype)."""
+    each sum computed in fp32 and cast (as a PyTorch add of two tensors of that dtype).
+    NORM (one program per row, BLOCK >= hidden): also normed[t] = RMSNorm(out[t]) with
+    NormW (`rms_norm_rows`)."""
     tok = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     mask = n < hidden
@@ -406,3 +436,7 @@ def _sum_kernel(Y, Weights, A1, A2, Out, hidden, TOP_K: tl.constexpr, ADDENDS: t
         out = (out.to(tl.float32) + tl.load(A2 + tok * hidden + n, mask=mask, other=0.0)
                .to(tl.float32)).to(Out.dtype.element_ty)
     tl.store(Out + tok * hidden + n, out, mask=mask)
+    if NORM:
+        normed = rms_norm_rows(out[None, :], NormW, n, hidden, eps)  # (1, BLOCK)
+        tl.store(Normed + tok * hidden + n[None, :], normed.to(Normed.dtype.element_ty),
+                 mask=mask[None, :])

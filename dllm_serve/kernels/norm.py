@@ -34,7 +34,7 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _rms_norm_kernel[(triton.cdiv(n, rows),)](
             xs, res, weight, out, h, n, xs.stride(0), res.stride(0), h.stride(0), eps, N=dim,
             BLOCK_N=block, ROWS=rows, HAS_RESIDUAL=residual is not None,
-            num_warps=max(1, min(8, block // 256)))
+            num_warps=norm_warps(block))
     if residual is None:
         return out.view(shape)
     return out.view(shape), h.view(shape)
@@ -53,9 +53,23 @@ def _rms_norm_kernel(X, Res, W, Out, H, n_rows, stride_x, stride_r, stride_h, ep
         res = tl.load(Res + r64[:, None] * stride_r + c[None, :], mask=mask, other=0.0)
         x = (res.to(tl.float32) + x.to(tl.float32)).to(X.dtype.element_ty)
         tl.store(H + r64[:, None] * stride_h + c[None, :], x, mask=mask)
+    out = rms_norm_rows(x, W, c, N, eps)
+    tl.store(Out + r64[:, None] * N + c[None, :], out.to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rms_norm_rows(x, W, c, N, eps):
+    """x (ROWS, BLOCK_N) in the input dtype, 0 in columns c >= N -> (ROWS, BLOCK_N) fp32:
+    the fp32 mean of squares, the normalised value cast back to x's dtype, times the weight
+    W[c] (to be cast to the output dtype). The one RMSNorm of the kernels here and of the MoE
+    choice sum's fused norm (fused_moe.py)."""
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)  # (ROWS,)
-    normed = (xf * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+    normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)
     w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-    tl.store(Out + r64[:, None] * N + c[None, :], (normed * w[None, :]).to(Out.dtype.element_ty),
-             mask=mask)
+    return normed * w[None, :]
+
+
+def norm_warps(block: int) -> int:
+    """Warps of a program normalising one row of `block` columns (1 to 8)."""
+    return max(1, min(8, block // 256))

@@ -48,10 +48,14 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                norm: nn.Module | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. With
+        `norm` (the next layer's input norm): (out, norm(out))."""
         y = swiglu(x, self.gate_up_proj.weight, self.down_proj.weight, self._act())
-        return y if residual is None else residual + y
+        out = y if residual is None else residual + y
+        return out if norm is None else (out, norm(out))
 
     def _act(self) -> SiluMulKernel:
         """The activation of `kernel_backend`: the oracle or a registered kernel."""

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_serve.layers.mlp import SwiGLUMLP, swiglu
+from dllm_serve.layers.norm import RMSNorm
 from dllm_serve.utils.registry import Registry
 
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
@@ -208,6 +209,12 @@ MOE_BACKENDS: Registry[MoeImpl] = Registry("MoE backend")
 # The backends that compute a shared expert of the routed shape and dtype among the routed ones
 # (one more expert in their GEMMs): the MoE block hands it to them instead of running it itself
 FUSES_SHARED: set[str] = set()
+# An RMSNorm's (weight (hidden,), eps)
+NormParams = tuple[torch.Tensor, float]
+# The backends that also take `norm=NormParams` and then return (out, RMSNorm(out)) (the next
+# layer's input norm computed in their final pass: at a denoise round's few rows a launch of
+# its own costs more than its bytes)
+FUSES_NORM: set[str] = set()
 
 
 def fuses_shared(shared: SharedExpert, w13: torch.Tensor, w2: torch.Tensor) -> bool:
@@ -267,13 +274,20 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 expert_bias: torch.Tensor | None, routing: RoutingParams,
-                addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None
-                ) -> torch.Tensor:
+                addends: tuple[torch.Tensor, ...] = (), shared: SharedExpert | None = None,
+                norm: NormParams | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (T, hidden), router_logits (T, P, E) partial sums or (T, E) -> routed experts'
         weighted sum (T, hidden), plus the shared expert's output and the addends (T, hidden)
-        in order."""
+        in order. `norm` (only for a backend in FUSES_NORM): (that, RMSNorm(that))."""
         impl = MOE_BACKENDS.get(self.backend)
-        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends, shared)
+        if norm is None:
+            return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends,
+                        shared)
+        if self.backend not in FUSES_NORM:
+            raise ValueError(f"MoE backend {self.backend!r} does not fuse a norm")
+        return impl(x, router_logits, expert_bias, routing, self.w13, self.w2, addends, shared,
+                    norm=norm)
 
 
 def set_moe_backend(model: nn.Module, name: str) -> None:
@@ -299,18 +313,25 @@ class SparseMoeBlock(nn.Module):
         self.shared_experts = (SwiGLUMLP(hidden_size, shared_intermediate)
                                if shared_intermediate else None)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                norm: RMSNorm | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (T, hidden) -> (T, hidden); with residual (T, hidden): residual + that. The
         shared experts' output and the residual are added in the experts' final pass
         (`add_in_order`: routed sum + shared, then + residual). With the Triton experts and a
         shared expert of the routed width, the shared expert is computed as one more routed
-        expert (kernels/fused_moe.py)."""
+        expert (kernels/fused_moe.py). With `norm` (the next layer's input norm): (out,
+        norm(out)), the norm in the experts' final pass when their backend fuses it."""
         shared = self._fused_shared()
         own = () if shared is not None or self.shared_experts is None else (
             self.shared_experts(x),)  # the shared experts run here unless fused
         addends = own + (() if residual is None else (residual,))
-        return self.experts(x, self.gate(x), self.gate.expert_bias, self.routing, addends,
-                            shared)
+        logits, bias = self.gate(x), self.gate.expert_bias
+        if norm is not None and self.experts.backend in FUSES_NORM:
+            return self.experts(x, logits, bias, self.routing, addends, shared,
+                                (norm.weight, norm.eps))
+        out = self.experts(x, logits, bias, self.routing, addends, shared)
+        return out if norm is None else (out, norm(out))
 
     def _fused_shared(self) -> SharedExpert | None:
         """The shared expert's weights when the experts' backend computes it among the routed

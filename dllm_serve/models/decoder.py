@@ -107,12 +107,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = mlp
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                fb: ForwardBatch) -> torch.Tensor:
-        """h (T, hidden) residual stream -> (T, hidden)."""
-        a = self.self_attn(self.input_layernorm(h), cos, sin, fb)
+    def forward(self, h: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                fb: ForwardBatch, next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """h (T, hidden) residual stream, x = input_layernorm(h) -> (h', next_norm(h')): the
+        next layer's input (or the model's final norm) comes from the MLP, whose fused kernels
+        may compute it in their last pass."""
+        a = self.self_attn(x, cos, sin, fb)
         x, h = self.post_attention_layernorm(a, residual=h)  # h += a; x = norm(h)
-        return self.mlp(x, residual=h)  # h + mlp(x); a MoE adds h in its final pass
+        return self.mlp(x, residual=h, norm=next_norm)  # h + mlp(x); a MoE adds h at the end
 
 
 class DecoderModel(nn.Module):
@@ -128,9 +130,11 @@ class DecoderModel(nn.Module):
         """fb.input_ids (T,) -> final-normed hidden states (T, hidden)."""
         h = self.embed_tokens(fb.input_ids)  # (T, hidden)
         cos, sin = self.rotary_emb(fb.positions, h.dtype)  # (T, rotary_dim) each
-        for layer in self.layers:
-            h = layer(h, cos, sin, fb)
-        return self.norm(h)
+        x = self.layers[0].input_layernorm(h)
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, norms, strict=True):
+            h, x = layer(h, x, cos, sin, fb, next_norm)
+        return x
 
 
 class DecoderLM(nn.Module):
