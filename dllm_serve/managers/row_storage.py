@@ -46,7 +46,7 @@ from dllm_serve.kernels.row_inbox import (
     record_width,
 )
 from dllm_serve.managers.messages import RowState
-from dllm_serve.utils.device import copy_to_device, to_device
+from dllm_serve.utils.device import to_device
 
 
 class RowStorage:
@@ -77,6 +77,7 @@ class RowStorage:
         self.staged = np.zeros(1 + records * self.width, dtype=np.int64)  # its host copy
         self.ring = (StageRing(len(self.staged), self.width, device)
                      if device.type == "cuda" else None)
+        self.host_inbox = self.inbox.numpy() if self.ring is None else None  # the CPU inbox
         self.records = self.staged[1:].reshape(records, self.width)
         self.pending = 0  # records staged and not yet sent (flush)
         self.sent = False  # rows sent and not yet applied by an eager apply_staged
@@ -119,7 +120,8 @@ class RowStorage:
         if ids is not None and j:
             rec[:j, 4] = HAS_IDS | FRESH_STATE
             rec[:j, RECORD_HEAD:] = ids
-            rec[carried, 4] = HAS_IDS
+            if carried:
+                rec[carried, 4] = HAS_IDS
         moved = 0 if sources is None else len(sources)
         assert j + moved <= self.capacity  # apply_staged looks for them there
         if moved:
@@ -153,8 +155,9 @@ class RowStorage:
         self.staged[0] = self.pending
         if self.ring is not None:
             self.ring.post(self.staged[:n])
-        else:
-            copy_to_device(self.inbox[:n], self.staged[:n])
+        else:  # the CPU: a numpy copy into the inbox (no torch op, as the ring's post)
+            assert self.host_inbox is not None
+            self.host_inbox[:n] = self.staged[:n]
         self.pending, self.sent = 0, True
 
     def replayed(self) -> None:

@@ -48,7 +48,7 @@ def _retired(items: list[tuple[int, Block, int]]) -> Retired:
     return Retired(
         uids=np.array([uid for uid, _, _ in items], dtype=np.int64),
         starts=np.array([b.start for _, b, _ in items], dtype=np.int64),
-        ids=np.stack([b.ids for _, b, _ in items]).astype(np.int64),
+        ids=np.array([b.ids for _, b, _ in items], dtype=np.int64),
         forwards=np.array([b.final_step for _, b, _ in items], dtype=np.int64),
         edits=np.array([b.edits for _, b, _ in items], dtype=np.int64),
         req_forwards=np.array([f for _, _, f in items], dtype=np.int64))
