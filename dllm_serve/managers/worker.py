@@ -31,6 +31,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -107,6 +108,11 @@ class Worker:
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
+        # FDFO: every live request with a converged leftmost block or a ready frontier
+        # (_advance's candidates) is here, by id: a refresh that flags one of its blocks adds it,
+        # _advance keeps those it leaves candidates (only a refresh or _advance can make a
+        # request one: blocks are opened and admitted unflagged)
+        self.flagged: dict[int, DeviceReq] = {}
         self.inflight: deque[Launch] = deque()  # oldest first
         self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
@@ -287,6 +293,8 @@ class Worker:
             block.ids, block.edits = row[:k].copy(), int(row[k + EDITS])
         block.converged = converged
         block.ready = bool(row[k + READY])
+        if (converged or block.ready) and self.mode.fdfo:
+            self.flagged[id(req)] = req
         if row[k + BAD]:
             self.fail(req, "the model produced non-finite logits for this request")
         elif not block.converged and steps >= self.max_steps:
@@ -295,31 +303,35 @@ class Worker:
     def _advance(self) -> None:
         """Retire and open blocks. Only requests where something can happen are planned: a
         converged leftmost block, a ready frontier, or (sync) a batch that is all done."""
-        reqs = self.batch.reqs.values()
         any_active = self.batch.num_rows > 0  # some request has a block
-        if self.mode.fdfo:  # one pass: this runs after every forward
-            cands = [r for r in reqs if r.blocks and (r.blocks[0].converged or r.blocks[-1].ready)]
+        if self.mode.fdfo:  # after every forward: only the flagged requests (admission order)
+            cands = sorted((r for r in self.flagged.values() if r.alive and _candidate(r)),
+                           key=attrgetter("seq"))
             done = False
         else:
-            active = [r for r in reqs if r.blocks]
+            active = [r for r in self.batch.reqs.values() if r.blocks]
             done = bool(active) and all(r.blocks[0].converged for r in active)
             cands = active if done else [r for r in active if r.blocks[-1].ready]
         if not cands:
+            self.flagged.clear()
             self.boundary = not any_active
             return
         p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
                  np.array([len(r.blocks) for r in cands], dtype=np.int64),
                  np.array([r.blocks[-1].ready for r in cands], dtype=bool),
                  np.array([self._can_open(r) for r in cands], dtype=bool), done)
-        if p.retire.any():
+        retire = p.retire.tolist()
+        if any(retire):
             self.report.msg.rounds += 1
-        for req, count, opens in zip(cands, p.retire.tolist(), p.open.tolist(), strict=True):
+        for req, count, opens in zip(cands, retire, p.open.tolist(), strict=True):
             if count and not self._retire(req, count):
                 continue
             if opens:
                 self.batch.open_block(req)
             elif not req.blocks:
                 self.parked.append(req)  # its next block's pages are not mapped yet
+        if self.mode.fdfo:
+            self.flagged = {id(r): r for r in cands if r.alive and _candidate(r)}
         self.boundary = p.boundary or not any_active
 
     def _retire(self, req: DeviceReq, count: int) -> bool:
@@ -403,6 +415,12 @@ def merge_prefills(items: list[WorkItem], max_tokens: int) -> list[WorkItem]:
     if merged is not None:
         out.append(merged)
     return out
+
+
+def _candidate(req: DeviceReq) -> bool:
+    """Something can happen to the request in _advance: its leftmost block converged or its
+    frontier is ready."""
+    return bool(req.blocks) and (req.blocks[0].converged or req.blocks[-1].ready)
 
 
 def _leading(blocks: list[Block]) -> int:
