@@ -97,19 +97,25 @@ class Columns:
         return Columns([r.slot for r in reqs], [b.start for b in rows],
                        *([getattr(r.settings, name) for r in reqs] for _, name in SETTING_COLUMNS))
 
-    def copy(self) -> Columns:
-        return Columns(*(list(getattr(self, f)) for f in COLUMN_FIELDS))
+    def patched(self, reqs: list[DeviceReq], rows: list[Block], changed: list[int]) -> Columns:
+        """The columns of the N = len(rows) rows held by `rows` (owners `reqs`), made from
+        these (left as they are): a copy of their rows [0, N), the rows past their end
+        appended, and the `changed` rows rewritten, each once (indices >= N ignored; every row
+        not among them must hold what it held here)."""
+        n, kept = len(rows), min(len(rows), len(self.slots))
+        cols = Columns(self.slots[:n], self.first_starts[:n], self.temperatures[:n],
+                       self.top_ps[:n], self.seeds[:n], self.top_ks[:n], self.min_ps[:n])
+        for i in range(kept, n):
+            cols.append(reqs[i], rows[i])
+        for i in {i for i in changed if i < kept}:
+            cols.set(i, reqs[i], rows[i])
+        return cols
 
     def set(self, row: int, req: DeviceReq, block: Block) -> None:
         """Row `row` := req's block."""
         self.slots[row], self.first_starts[row] = req.slot, block.start
         for column, name in SETTING_COLUMNS:
             getattr(self, column)[row] = getattr(req.settings, name)
-
-    def truncate(self, n: int) -> None:
-        """Keep rows [0, n)."""
-        for f in COLUMN_FIELDS:
-            del getattr(self, f)[n:]
 
     def append(self, req: DeviceReq, block: Block) -> None:
         """A new last row: req's block."""
@@ -262,23 +268,19 @@ class ResidentBatch:
         entrants = [(r, b) for r in self.touched.values() if r.alive and not r.hole
                     for b in r.blocks if b.row < 0]
         entrants.sort(key=lambda e: (e[0].seq, e[1].start))
-        cols = old.cols.copy()
         reqs, rows = list(old.reqs), list(old.rows)
         hole = self.hole
         for i in leaving:
             reqs[i], rows[i] = hole, hole.blocks[0]
-            cols.set(i, hole, hole.blocks[0])
         holes = sorted(old.holes + leaving)
         placed: list[int] = []  # the entrants' rows
         for r, b in entrants:
             i = holes.pop(0) if holes else len(rows)
             if i < len(rows):
                 reqs[i], rows[i] = r, b
-                cols.set(i, r, b)
             else:
                 reqs.append(r)
                 rows.append(b)
-                cols.append(r, b)
             placed.append(i)
         steps = np.zeros(len(rows), dtype=np.int64)
         steps[:len(old.rows)] = old.steps
@@ -292,10 +294,9 @@ class ResidentBatch:
             targets, holes = [h for h in holes if h < n], []
             for t, src in zip(targets, sources, strict=True):
                 reqs[t], rows[t], steps[t] = reqs[src], rows[src], steps[src]
-                cols.set(t, reqs[t], rows[t])
         del reqs[n:], rows[n:]
         steps = steps[:n]
-        cols.truncate(n)
+        cols = old.cols.patched(reqs, rows, leaving + placed + targets)
         # rows that now hold no request get a hole's metadata (no request key), unless they
         # already did; then the layout's bookkeeping
         freed = sorted(i for i in {*leaving, *sources}

@@ -269,7 +269,7 @@ class Worker:
             notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows), bool, n)
             notable |= (data[:, k + CONVERGED] > 0) != np.fromiter(
                 (b.converged for b in rows), bool, n)
-        for i in np.flatnonzero(notable).tolist():
+        for i in notable.nonzero()[0].tolist():  # (np.flatnonzero: twice the time)
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
         self._advance()
@@ -351,10 +351,13 @@ class Worker:
 
     def _stops(self, req: DeviceReq, block: Block) -> bool:
         s = req.settings
-        gen = block.ids[max(0, s.prompt_len - block.start):] if block.ids is not None else []
+        if block.start + self.k >= s.max_end:
+            return True
         stops = s.stop_ids  # (m,), a few ids: one broadcast compare beats np.isin's sort
-        return block.start + self.k >= s.max_end or bool(
-            len(stops) and (np.asarray(gen)[:, None] == stops[None, :]).any())
+        if not len(stops) or block.ids is None:
+            return False
+        gen = block.ids[max(0, s.prompt_len - block.start):]
+        return bool((gen[:, None] == stops[None, :]).any())
 
     def _can_open(self, req: DeviceReq) -> bool:
         end = req.next_start + self.k

@@ -45,10 +45,10 @@ class ReportBuilder:
 
 
 def _retired(items: list[tuple[int, Block, int]]) -> Retired:
-    return Retired(
-        uids=np.array([uid for uid, _, _ in items], dtype=np.int64),
-        starts=np.array([b.start for _, b, _ in items], dtype=np.int64),
-        ids=np.array([b.ids for _, b, _ in items], dtype=np.int64),
-        forwards=np.array([b.final_step for _, b, _ in items], dtype=np.int64),
-        edits=np.array([b.edits for _, b, _ in items], dtype=np.int64),
-        req_forwards=np.array([f for _, _, f in items], dtype=np.int64))
+    """The blocks as one Retired: its per-block fields are the columns of one (R, 5) table
+    (as Retired's unpickling makes them), two arrays built where six were."""
+    head = np.array([(uid, b.start, b.final_step, b.edits, f) for uid, b, f in items],
+                    dtype=np.int64)
+    return Retired(uids=head[:, 0], starts=head[:, 1],
+                   ids=np.array([b.ids for _, b, _ in items], dtype=np.int64),
+                   forwards=head[:, 2], edits=head[:, 3], req_forwards=head[:, 4])
