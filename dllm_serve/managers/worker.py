@@ -259,20 +259,26 @@ class Worker:
         self._adapt(time.monotonic() - t0)
         for req in launch.failed:
             self.fail(req, "the decoding algorithm raised an error while stepping this request")
-        k = self.k
-        notable = (data[:, k + CONVERGED] | data[:, k + BAD]) > 0
-        notable |= launch.steps >= self.max_steps
         rows, owners = launch.layout.rows, launch.layout.reqs
-        if self.spec.wavefront:  # readiness, and blocks reopened when an earlier one changed:
-            # the rows whose flags differ from what the host knows of their blocks
-            n = len(rows)
-            notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows), bool, n)
-            notable |= (data[:, k + CONVERGED] > 0) != np.fromiter(
-                (b.converged for b in rows), bool, n)
-        for i in notable.nonzero()[0].tolist():  # (np.flatnonzero: twice the time)
+        for i in self._notable(launch, data):
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
         self._advance()
+
+    def _notable(self, launch: Launch, data: np.ndarray) -> list[int]:
+        """The rows a readout `data` (N, K + 5) says something new about: bad, at the step
+        bound, or flags (converged, ready) that differ from what the host knows of their
+        blocks (refreshing any other live row changes nothing)."""
+        k, rows = self.k, launch.layout.rows
+        notable = (data[:, k + BAD] > 0) | (launch.steps >= self.max_steps)
+        converged = data[:, k + CONVERGED] > 0
+        if self.mode.fdfo and not self.spec.wavefront:  # a block leaves on the readout that
+            notable |= converged  # finds it converged: no live row is known converged
+        else:  # blocks stay converged (sync waits for the batch, a wavefront retires in order)
+            n = len(rows)
+            notable |= converged != np.fromiter((b.converged for b in rows), bool, n)
+            notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows), bool, n)
+        return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
 
     def _adapt(self, wait: float) -> None:
         """Count the wait; on CUDA choose the depth from its moving average (hysteresis)."""
