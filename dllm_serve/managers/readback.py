@@ -19,7 +19,7 @@ from dllm_serve.utils.device import record_event
 
 @dataclass
 class Pending:
-    buffer: torch.Tensor  # host (n, width) int64
+    array: np.ndarray  # host (n, width) int64, written once `event` has completed
     event: torch.cuda.Event | None
 
     def ready(self) -> bool:
@@ -29,7 +29,7 @@ class Pending:
         """The readout (n, width), waiting for the copy if it is still running."""
         if self.event is not None:
             self.event.synchronize()
-        return self.buffer.numpy()
+        return self.array
 
 
 class Readback:
@@ -39,6 +39,7 @@ class Readback:
         self.stream = torch.cuda.current_stream(device) if self.cuda else None
         self.count = buffers
         self.buffers: list[torch.Tensor] = []
+        self.arrays: list[np.ndarray] = []  # their numpy views
         self.turn = 0
 
     def start(self, readout: torch.Tensor) -> Pending:
@@ -46,20 +47,22 @@ class Readback:
         host memory (written there by the forward's graph, kernels/host_copy.py) only gets its
         event."""
         if not self.cuda:  # a copy: the readout may be a static buffer the next step rewrites
-            return Pending(readout.clone(), None)
+            return Pending(readout.numpy().copy(), None)
         assert self.stream is not None
         if readout.device.type == "cpu":  # already bound for the host (a graph's PublishRing)
-            return Pending(readout, record_event(self.stream))
+            return Pending(readout.numpy(), record_event(self.stream))
         n, width = readout.shape
         self.turn = (self.turn + 1) % self.count
         if len(self.buffers) < self.count or self.buffers[self.turn].shape[0] < n \
                 or self.buffers[self.turn].shape[1] != width:
             self._grow(max(n, 64), width)
-        host = self.buffers[self.turn][:n]
-        host.copy_(readout, non_blocking=True)
-        return Pending(host, record_event(self.stream))
+        self.buffers[self.turn][:n].copy_(readout, non_blocking=True)
+        return Pending(self.arrays[self.turn][:n], record_event(self.stream))
 
     def _grow(self, rows: int, width: int) -> None:
+        """Pinned buffers of 2 * rows rows, and their numpy views (made once: a tensor's
+        .numpy() is four dispatched torch calls)."""
         torch.cuda.synchronize()  # a copy into the old buffers may still be running
         self.buffers = [torch.empty((2 * rows, width), dtype=torch.int64, pin_memory=True)
                         for _ in range(self.count)]
+        self.arrays = [b.numpy() for b in self.buffers]
