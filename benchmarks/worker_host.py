@@ -3,7 +3,7 @@ forward costs when requests join and leave every few forwards.
 
     python benchmarks/worker_host.py                      # FDFO and sync at 16 and 64 running
     python benchmarks/worker_host.py --profile /tmp/wh    # + a cProfile of each setting
-    python benchmarks/worker_host.py --count-ops          # + torch ops per forward in layout()
+    python benchmarks/worker_host.py --count-ops          # + torch ops per forward
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU;
 the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after applying
@@ -18,8 +18,9 @@ ms per forward, forwards. On a GPU the forward runs asynchronously, so the worke
 what must stay under one forward's device time. Also rows per forward and the rows whose readout
 the worker refreshed (Worker._refresh): a machine-independent count of the per-row host work. With
 --count-ops also the torch operator calls per forward inside `ResidentBatch.layout` (the layout
-changes' row writes and views): each costs tens of microseconds of host time on a GPU (a dispatch,
-often a launch), a machine-independent count of that part of the host's work.
+changes' row writes and views) and in the whole worker without the denoise items: each costs tens
+of microseconds of host time on a GPU (a dispatch, often a launch), a machine-independent count of
+that part of the host's work.
 """
 
 from __future__ import annotations
@@ -103,34 +104,52 @@ def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts torch operator calls while `on`."""
+    """Counts torch operator calls per section: into `calls[section]` while `section` is set."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.on, self.calls = False, 0
+        self.section: str | None = None
+        self.calls: dict[str, int] = {"layout": 0, "worker": 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.calls += self.on
+        if self.section is not None:
+            self.calls[self.section] += 1
         return func(*args, **(kwargs or {}))
 
+    def within(self, section: str | None, fn: Any) -> Any:
+        """fn, its calls counted under `section` (None: not counted)."""
 
-def layout_ops(*args: Any) -> float:
-    """Torch operator calls per forward inside ResidentBatch.layout, over one whole run."""
+        def run(*args: Any) -> Any:
+            outer, self.section = self.section, section
+            try:
+                return fn(*args)
+            finally:
+                self.section = outer
+
+        return run
+
+
+def op_counts(*args: Any) -> dict[str, float]:
+    """Torch operator calls per forward over one whole run: inside ResidentBatch.layout, and
+    in the whole Worker.iterate but its denoise items (what a GPU runs in the forward's graph;
+    layout's included)."""
     e = loaded(*args)
-    counter, layout = OpCounter(), e.worker.batch.layout
+    counter, w = OpCounter(), e.worker
+    w.batch.layout = counter.within("layout", w.batch.layout)  # type: ignore[method-assign]
+    w.iterate = counter.within("worker", w.iterate)  # type: ignore[method-assign]
+    trace, uncounted = w._trace, counter.within(None, w._trace)
 
-    def counted() -> Any:
-        counter.on = True
-        try:
-            return layout()
-        finally:
-            counter.on = False
+    def traced(kind: str, fn: Any, rows: int = 0) -> Any:
+        return (uncounted if kind == "denoise" else trace)(kind, fn, rows)
 
-    e.worker.batch.layout = counted  # type: ignore[method-assign]
+    w._trace = traced  # type: ignore[method-assign]
     with counter:
         while e.step():
             pass
-    return counter.calls / max(1, sum(r.forwards for r in e.reports))
+    forwards = max(1, sum(r.forwards for r in e.reports))
+    calls = counter.calls
+    return {"layout_ops_per_forward": calls["layout"] / forwards,
+            "worker_ops_per_forward": (calls["worker"] + calls["layout"]) / forwards}
 
 
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
@@ -222,8 +241,9 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
         row = median_of([measure(*args) for _ in range(ns.repeats)])
     ops = ""
     if ns.count_ops:
-        row["layout_ops_per_forward"] = layout_ops(*args)
-        ops = f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout()"
+        row.update(op_counts(*args))
+        ops = (f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout(), "
+               f"{row['worker_ops_per_forward']:.2f} in the worker without the step")
     print(f"{row['mode']:5s} running={running:3d} depth={ns.depth} W={ns.wavefront}: worker host "
           f"{row['worker_host_ms_per_forward']:.3f} ms/forward "
           f"({row['worker_host_ms_per_forward_without_step']:.3f} without the step), scheduler "

@@ -380,7 +380,8 @@ def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
 
 def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     """benchmarks/worker_host.py: every request finishes; FDFO changes its layout about every
-    forward (row writes: torch ops in layout()), sync only at batch boundaries."""
+    forward (row writes: torch ops in layout()), sync only at batch boundaries; the worker's
+    count (without the step) includes layout()'s."""
     from benchmarks import worker_host
 
     out = tmp_path / "wh.json"
@@ -391,6 +392,7 @@ def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     assert all(r["finished"] == r["requests"] == 16 and r["forwards"] > 0 for r in rows)
     assert by_mode["fdfo"]["layout_ops_per_forward"] > 3 * by_mode["sync"]["layout_ops_per_forward"]
     assert by_mode["sync"]["layout_ops_per_forward"] > 0
+    assert all(r["worker_ops_per_forward"] >= r["layout_ops_per_forward"] for r in rows)
 
 
 def test_worker_host_wavefront_refreshes_only_changed_rows() -> None:
