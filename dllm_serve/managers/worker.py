@@ -277,7 +277,9 @@ class Worker:
         else:  # blocks stay converged (sync waits for the batch, a wavefront retires in order)
             n = len(rows)
             notable |= converged != np.fromiter((b.converged for b in rows), bool, n)
-            notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows), bool, n)
+            if self.spec.wavefront:  # readiness is measured there only (else 0, as known)
+                notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows),
+                                                                  bool, n)
         return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
 
     def _adapt(self, wait: float) -> None:
