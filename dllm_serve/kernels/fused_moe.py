@@ -43,7 +43,7 @@ from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
-from dllm_serve.kernels.norm import norm_warps, rms_norm_rows
+from dllm_serve.kernels.norm import rms_norm_rows
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
@@ -76,6 +76,10 @@ class MoeLaunch:
 
 
 SUM_BLOCK = 1024  # hidden columns per program of the choice sum
+# Warps of the choice sum with a norm (a whole row a program). 16 was the fastest of 1-16 at 32 /
+# 128 / 512 tokens (2.33 / 2.68 / 4.45 us against 3.00 / 3.18 / 4.68 at 8; at 2048 25.9 against
+# 27.4; the sum then the RMSNorm kernel 3.24 / 3.96 / 6.17 / 29.96 us): sumnorm_probe_dce7e6f.json
+SUM_NORM_WARPS = 16
 # The kernels address rows of x, h and y with int32 offsets: one call takes at most this many
 # elements in each (fused_experts runs more tokens than that in parts)
 MAX_ELEMENTS = 2**31 - 1
@@ -306,7 +310,7 @@ def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
     block = next_pow2(hidden)
     _sum_kernel[(a // top_k, 1)](
         y, weights, first, second, out, norm_weight, normed, eps, hidden, TOP_K=top_k,
-        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=norm_warps(block))
+        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=SUM_NORM_WARPS)
     return out, normed
 
 
