@@ -78,7 +78,7 @@ class MoeLaunch:
 SUM_BLOCK = 1024  # hidden columns per program of the choice sum
 # Warps of the choice sum with a norm (a whole row a program). 16 was the fastest of 1-16 at 32 /
 # 128 / 512 tokens (2.33 / 2.68 / 4.45 us against 3.00 / 3.18 / 4.68 at 8; at 2048 25.9 against
-# 27.4; the sum then the RMSNorm kernel 3.24 / 3.96 / 6.17 / 29.96 us): sumnorm_probe_dce7e6f.json
+# 27.4; the sum then the RMSNorm kernel 3.24 / 3.96 / 6.17 / 29.96 us): sumnorm_probe_188c17b.json
 SUM_NORM_WARPS = 16
 # The kernels address rows of x, h and y with int32 offsets: one call takes at most this many
 # elements in each (fused_experts runs more tokens than that in parts)

@@ -1,10 +1,10 @@
-"""The split-K GEMM of `tried_splitk_gemm_dce7e6f.patch` (kernels/dense_gemm.py there: a program
+"""The split-K GEMM of `tried_splitk_gemm_188c17b.patch` (kernels/dense_gemm.py there: a program
 per N tile and slice of K, the tile's last program summing the fp32 partials) against cuBLAS at
 LLaDA2.0-mini's dense shapes, 32 and 64 token rows. Each timing replays a CUDA graph of 40 GEMMs
 cycling through weight copies past the L2 cache; each output is checked against the fp64
 product and against a second call (deterministic). Needs the patch applied:
 
-    git apply benchmarks/results/h200/gpupath/tried_splitk_gemm_dce7e6f.patch
+    git apply benchmarks/results/h200/gpupath/tried_splitk_gemm_188c17b.patch
     python3 benchmarks/results/h200/gpupath/splitk_probe.py splitk_probe.json
 """
 import itertools
