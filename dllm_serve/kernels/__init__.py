@@ -12,8 +12,10 @@
 - row_meta: a denoise forward's metadata computed from its rows' request keys and starts
   inside the forward's graph; oracle `write_row_meta_reference` (and graph_layout.fill_meta).
 - norm, rope, silu_mul, kv_store: fused RMSNorm (with the residual add), q/k RMSNorm + partial
-  RoPE, the SwiGLU activation silu(gate) * up, and the K/V store into the paged cache
-  (`layers.fused.set_kernel_backend(model, "triton")`, and the Triton attention's store);
+  RoPE (which also stores the layer's K/V when the attention backend names a `kv_target`),
+  the SwiGLU activation silu(gate) * up, and the K/V store into the paged cache
+  (`layers.fused.set_kernel_backend(model, "triton")`, and the Triton attention's store when
+  no fused kernel stored them);
   oracles `layers.norm`, `SelfAttention.norm_rope`, `layers.mlp.silu_and_mul`,
   `AttentionBackend.store`.
 

@@ -1,4 +1,5 @@
-"""K and V of every token into the paged cache in one launch (the Triton attention's store).
+"""K and V of every token into the paged cache in one launch (the Triton attention's store,
+when the q/k norm + RoPE kernel did not store them: kernels/rope.py, the served path, does).
 
 Oracle: `AttentionBackend.store` (two index_puts): k_cache[loc[t], h] = k[t, h] and the same
 for v, cast to the cache dtype. k and v may be strided views (heads of the fused QKV buffer).
