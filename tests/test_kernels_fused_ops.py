@@ -73,10 +73,10 @@ def reference_norm_rope(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor | Non
 
 def check_qk_rope(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary: int,
                   dtype: torch.dtype, norm: bool, fused_buffer: bool, seed: int,
-                  store: bool = False) -> None:
-    """In place, equal to the oracle, v untouched; with `store` the caches hold the returned
-    k and v at each token's slot, bit for bit (as AttentionBackend.store writes them), and
-    nothing else changed."""
+                  store: bool = False, cache_dtype: torch.dtype | None = None) -> None:
+    """In place, equal to the oracle, v untouched; with `store` the caches (of `cache_dtype`,
+    default `dtype`) hold the returned k and v at each token's slot cast to their dtype, bit
+    for bit (as AttentionBackend.store writes them), and nothing else changed."""
     gen = torch.Generator().manual_seed(seed)
     qkv = rand(tokens, heads + 2 * kv_heads, head_dim, gen=gen, dtype=dtype)
     if fused_buffer:
@@ -93,8 +93,8 @@ def check_qk_rope(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary:
     target = None
     if store:
         slots = 3 * tokens
-        target = KvTarget(rand(slots, kv_heads, head_dim, gen=gen, dtype=dtype),
-                          rand(slots, kv_heads, head_dim, gen=gen, dtype=dtype),
+        target = KvTarget(rand(slots, kv_heads, head_dim, gen=gen, dtype=cache_dtype or dtype),
+                          rand(slots, kv_heads, head_dim, gen=gen, dtype=cache_dtype or dtype),
                           torch.randperm(slots, generator=gen)[:tokens].to(DEVICE))
         caches = target.k_cache.clone(), target.v_cache.clone()
     out_q, out_k = fused_qk_norm_rope(q, k, qw, kw, 1e-6, cos, sin, v, target)
@@ -103,7 +103,8 @@ def check_qk_rope(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary:
     close(out_k, ref_k, dtype)
     torch.testing.assert_close(v, v_before, rtol=0, atol=0)  # v heads untouched
     if target is not None:
-        caches[0][target.loc], caches[1][target.loc] = out_k, v
+        caches[0][target.loc] = out_k.to(caches[0].dtype)
+        caches[1][target.loc] = v.to(caches[1].dtype)
         torch.testing.assert_close(target.k_cache, caches[0], rtol=0, atol=0)
         torch.testing.assert_close(target.v_cache, caches[1], rtol=0, atol=0)
 
@@ -114,6 +115,12 @@ def test_qk_norm_rope_stores_kv(fused_buffer: bool, norm: bool) -> None:
     """The store rides along the launch that holds k (one launch on the fused buffer, the
     second of two on separate q and k), with three kv heads (a padded head tile)."""
     check_qk_rope(13, 6, 3, 16, 8, torch.float32, norm, fused_buffer, seed=5, store=True)
+
+
+def test_qk_norm_rope_stores_into_a_cache_of_another_dtype() -> None:
+    """bf16 q/k/v into an fp32 cache: the rounded bf16 k and v, widened (as store's .to)."""
+    check_qk_rope(7, 4, 2, 16, 16, torch.bfloat16, True, True, seed=8, store=True,
+                  cache_dtype=torch.float32)
 
 
 def test_qk_norm_rope_store_checks_shapes() -> None:

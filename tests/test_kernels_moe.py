@@ -400,6 +400,17 @@ def test_sum_choices_with_the_next_norm(hidden: int, dtype: torch.dtype) -> None
         sum_choices(y, w, dtype, addends, (norm_weight[:-1], 1e-6))
 
 
+def test_no_tokens_with_a_norm() -> None:
+    """Zero tokens: both outputs empty, the normed one in sum_choices' dtype (the promotion of
+    x's and the norm weight's)."""
+    x, w13, w2, ids, weights = experts_case(3, 8, 64, 32, top_k=2)
+    x = x.bfloat16()
+    out, normed = fused_experts(x[:0], w13.bfloat16(), w2.bfloat16(), ids[:0], weights[:0],
+                                norm=(torch.ones(64, device=DEVICE), 1e-6))
+    assert out.shape == normed.shape == (0, 64)
+    assert out.dtype == torch.bfloat16 and normed.dtype == torch.float32
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_moe_block_hands_on_the_next_norm(backend: str) -> None:
     """SparseMoeBlock(x, residual, norm) = (its output, norm(output)): in the Triton experts'

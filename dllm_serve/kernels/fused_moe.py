@@ -159,7 +159,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     hidden = w2.shape[1]
     if t == 0:
         empty = x.new_zeros(0, hidden)
-        return empty if norm is None else (empty, empty.clone())
+        if norm is None:
+            return empty
+        return empty, empty.to(torch.promote_types(x.dtype, norm[0].dtype))  # sum_choices' dtype
     step = max(1, MAX_ELEMENTS // ((k + 1) * max(hidden, w2.shape[2])))  # tokens a call takes
     if t > step:  # ~116k tokens at LLaDA2.0-mini's widths: a prefill chunk that large, in parts
         parts = [fused_experts(x[i:i + step], w13, w2, topk_ids[i:i + step],
