@@ -9,12 +9,17 @@ product and against a second call (deterministic). Needs the patch applied:
 """
 import itertools
 import json
-import statistics
 import sys
+from pathlib import Path
 
 import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 from dllm_serve.layers.linear import linear
 
+from benchmarks.round_roofline import graphed, time_ms
 from dllm_serve.kernels import dense_gemm as dg
 
 SHAPES = {"qkv": (3072, 2048, None), "o": (2048, 2048, None),
@@ -24,26 +29,8 @@ SHAPES = {"qkv": (3072, 2048, None), "o": (2048, 2048, None),
 
 def graph_us(fn, launches=40, iters=15):
     """Microseconds per call of fn(i), i = 0..launches-1 replayed as one CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for i in range(launches):
-            fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / launches)
-    return statistics.median(times)
+    burst = graphed(lambda: [fn(i) for i in range(launches)], torch.device("cuda"))
+    return 1e3 * time_ms(burst, 1, iters, torch.device("cuda")) / launches
 
 
 def sweep(rows, name, n, k, out_dtype, dev):

@@ -7,36 +7,23 @@ without it followed by the RMSNorm kernel; 32 / 128 / 512 / 2048 tokens of LLaDA
 
 The warps are set through fused_moe.SUM_NORM_WARPS (restored after)."""
 import json
-import statistics
 import sys
+from pathlib import Path
 
 import torch
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 import dllm_serve.kernels.fused_moe as fm
+from benchmarks.round_roofline import graphed, time_ms
 from dllm_serve.kernels.norm import fused_rms_norm
 
 
 def graph_us(fn, n=20, iters=15):
     """Microseconds per call of fn() replayed n times in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / n)
-    return statistics.median(times)
+    burst = graphed(lambda: [fn() for _ in range(n)], torch.device("cuda"))
+    return 1e3 * time_ms(burst, 1, iters, torch.device("cuda")) / n
 
 
 def case(t, dev):
