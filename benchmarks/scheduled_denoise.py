@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from dllm_serve.dllm.algorithms import ALGORITHMS, DllmAlgorithm, StepOutput
-from dllm_serve.dllm.algorithms.base import AlgorithmConfig, State
+from dllm_serve.dllm.algorithms.base import AlgorithmConfig, Scores, State
 from dllm_serve.dllm.batch import DenoiseBatch
 
 MASK62 = (1 << 62) - 1  # int64 products wrap mod 2**64; masking keeps 62 exact bits
@@ -99,12 +99,12 @@ class ScheduledDenoise(DllmAlgorithm):
         return {"age": torch.zeros(block_ids.shape[0], dtype=torch.int64,
                                    device=block_ids.device)}
 
-    def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
+    def step(self, batch: DenoiseBatch, full_logits: Scores,
              state: State | None) -> StepOutput:
         assert state is not None
         ids = batch.block_ids  # (N, K)
         masked = ids == self.mask_id
-        x, p = self.predict(batch, full_logits.view(*ids.shape, -1))
+        x, p = self.predict(batch, full_logits, masked)
         need = self.draw(batch.row_seed, batch.row_start)
         left = (need - 1 - state["age"]).clamp(min=1)  # unmasking steps left
         quota = (masked.sum(1) + left - 1) // left  # ceil(masked / left)

@@ -25,6 +25,7 @@ import torch
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State, StepOutput
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.wavefront import earlier_block_changed, readiness
+from dllm_serve.model.head import Scores, as_logits
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +39,11 @@ class StepSpec:
     spawn_threshold: float = 0.6  # theta
 
 
-def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
+def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
                  state: State | None, spec: StepSpec, isolate: bool = True,
                  ) -> tuple[torch.Tensor, list[int]]:
-    """logits (N * K, V) -> (readout (N, K + 5) int64, requests whose step raised).
+    """logits (N * K, V) or a HeadInput -> (readout (N, K + 5) int64, requests whose step
+    raised).
     isolate=False (a step being captured in a CUDA graph): an exception propagates."""
     ids = batch.block_ids
     before = ids.clone()
@@ -69,7 +71,7 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
     return torch.cat([ids, flags], 1), failed
 
 
-def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Tensor,
+def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
                       state: State | None, before: torch.Tensor, saved: State | None,
                       ) -> tuple[StepOutput, list[int]]:
     """The step run per request on the same logits (after restoring the snapshot); requests
@@ -78,7 +80,7 @@ def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: torch.Te
     n, k = batch.size, batch.block_size
     done = torch.zeros(n, dtype=torch.bool, device=batch.block_ids.device)
     conf = torch.full((n, k), float("nan"), device=batch.block_ids.device)
-    rows_logits = logits.view(n, k, -1)
+    rows_logits = as_logits(logits).view(n, k, -1)
     failed = []
     for b in range(len(batch.num_blocks)):
         one, rows = batch.select(b)

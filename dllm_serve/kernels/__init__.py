@@ -7,6 +7,9 @@
   triton`); oracles `layers.moe.route`, `moe_align.align_by_expert` and `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
+- lm_head: the LM head's GEMM with that argmax and confidence in its epilogue (no logits
+  tensor; the rows an algorithm does not read skipped), for the forward + step graphs; oracle
+  `reference_head_greedy`.
 - row_inbox: the worker's staged row writes applied in one launch inside the forward's graph;
   oracle `apply_rows_reference`.
 - row_meta: a denoise forward's metadata computed from its rows' request keys and starts

@@ -56,6 +56,7 @@ from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.row_storage import RowStorage
 from dllm_serve.managers.worker_report import ReportBuilder
 from dllm_serve.model.denoise_run import DenoiseRun
+from dllm_serve.model.head import Scores
 from dllm_serve.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -392,7 +393,7 @@ class Worker:
     def _trace(self, kind: str, fn, rows: int = 0):  # type: ignore[no-untyped-def]
         return fn() if self.tracer is None else self.tracer.run(kind, fn, rows)
 
-    def _graph_step(self, bucket: int, logits: torch.Tensor) -> torch.Tensor:
+    def _graph_step(self, bucket: int, logits: Scores) -> torch.Tensor:
         """The greedy step over storage rows [0, bucket), as captured after the forward."""
         _, state = self.storage.views(bucket)
         readout, _ = denoise_step(self.algo, self.storage.graph_batch(bucket), logits, state,

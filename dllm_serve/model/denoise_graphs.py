@@ -3,7 +3,8 @@
 `DenoiseGraphs` adds to the bucketed forwards (cuda_graph.py) the static input ids (the
 worker's row storage: the batch's blocks live in rows [0, N)), the static output (fp32 logits,
 one buffer shared by every bucket) and, when the worker gives one, its greedy step: each
-bucket then has two graphs, the forward, and the forward followed by the step (its readout
+bucket then has two graphs, the forward, and the forward followed by the step (which gets the
+forward's `HeadInput`, model/head.py, instead of its logits; its readout
 (bucket, width) in a static buffer, and on CUDA also written to pinned host memory by the graph
 itself: kernels/host_copy.py). `prepare` picks the bucket of a batch, fills the metadata
 (one host-to-device copy; none when the worker's row storage gives its rows' request keys and
@@ -32,10 +33,11 @@ from dllm_serve.model.buckets import denoise_buckets, pick_bucket
 from dllm_serve.model.cuda_graph import BucketedForwards, GraphPool, StaticForward
 from dllm_serve.model.denoise_run import DenoiseRun, Hook
 from dllm_serve.model.graph_layout import MetaLayout
+from dllm_serve.model.head import HeadInput, Scores
 
 logger = logging.getLogger(__name__)
 
-Step = Callable[[int, torch.Tensor], torch.Tensor]  # (bucket, logits) -> readout (bucket, W)
+Step = Callable[[int, Scores], torch.Tensor]  # (bucket, its HeadInput) -> readout (bucket, W)
 
 
 class DenoiseGraphs(BucketedForwards):
@@ -127,25 +129,31 @@ class DenoiseGraphs(BucketedForwards):
         if self.replayed is not None:
             self.replayed()
 
-    def logits_of(self, static: StaticForward) -> torch.Tensor:
-        """The bucket's forward -> its logits (T_pad, V) in the model's dtype, in the static
-        buffer."""
+    def head_of(self, static: StaticForward) -> HeadInput:
+        """The bucket's forward up to its LM head: hidden (T_pad, hidden), whose logits()
+        writes the logits (T_pad, V) in the model's dtype into the static buffer."""
         if self.before is not None:
             self.before()
         if self.rows is not None:
             meta = write_row_meta if self.meta.is_cuda else write_row_meta_reference
             meta(*self.rows, self.row_fields, static.blocks, self.layout.block_size)
         hidden = self.hidden(static)  # (T_pad, hidden)
-        return self.model.compute_logits(hidden, out=self.logits[:static.tokens])
+        out = self.logits[:static.tokens]
+        return HeadInput(hidden, self.model.lm_head.weight,
+                         lambda: self.model.compute_logits(hidden, out=out))
+
+    def logits_of(self, static: StaticForward) -> torch.Tensor:
+        """The bucket's forward -> its logits (T_pad, V) in the static buffer."""
+        return self.head_of(static).logits()
 
     def work(self, static: StaticForward) -> Callable[[], object]:
         return lambda: self.logits_of(static)
 
     def forward_step(self, static: StaticForward) -> None:
-        """The forward, then the greedy step over storage rows [0, bucket)."""
+        """The forward, then the greedy step over storage rows [0, bucket), given the forward's
+        HeadInput (a greedy step on CUDA then computes no logits tensor: kernels/lm_head.py)."""
         assert self.step is not None
-        logits = self.logits_of(static)
-        self.readout[:static.blocks].copy_(self.step(static.blocks, logits))
+        self.readout[:static.blocks].copy_(self.step(static.blocks, self.head_of(static)))
         if self.published is not None:
             self.published.publish(self.readout[:static.blocks])
 

@@ -157,7 +157,7 @@ class ModelRunner:
                 row_keys: tuple[torch.Tensor, torch.Tensor] | None = None,
                 replayed: Hook | None = None) -> None:
         """Build the bucketed denoise forwards over the static token ids `ids` (the worker's
-        row storage, (rows, K)) with the greedy `step` (bucket, logits) -> readout (bucket,
+        row storage, (rows, K)) with the greedy `step` (bucket, HeadInput) -> readout (bucket,
         width) after the forward when given; then, on CUDA, compile every bucket's kernels,
         prefill and denoise: capture their CUDA graphs when the config asks for them (on a
         capture failure warn and run them eagerly), and run each bucket without a graph once.

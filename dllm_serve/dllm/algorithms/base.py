@@ -1,8 +1,10 @@
 """`DllmAlgorithm`: token selection for one denoise step.
 
 An algorithm owns token selection and nothing else. Each step it gets a `DenoiseBatch` of N
-active blocks of K = block_size ids and the logits (N * K, V) of a forward over exactly those
-ids; the next forward reads the ids as the step left them. Contract of `step` (SGLang's): it
+active blocks of K = block_size ids and the scores of a forward over exactly those ids: its
+logits (N * K, V), or (CUDA-graph steps) a `HeadInput` from which `predict` takes each
+position's greedy token and confidence without a logits tensor (`as_logits` gives the logits
+of either); the next forward reads the ids as the step left them. Contract of `step` (SGLang's): it
 edits `batch.block_ids` in place and returns, per block, whether the block was already complete
 *on entry*, i.e. the forward that produced these logits saw the block's final tokens, so its
 cached KV is exact and the block can be committed. That costs one extra forward per block, and
@@ -28,6 +30,7 @@ import torch
 
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.sampling import sample_rows
+from dllm_serve.model.head import HeadInput, Scores, as_logits
 from dllm_serve.sampling_params import is_finite_number
 
 State = dict[str, torch.Tensor]  # batched per-block state, every tensor with leading dim N
@@ -114,9 +117,10 @@ class DllmAlgorithm(ABC):
         return None
 
     @abstractmethod
-    def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
+    def step(self, batch: DenoiseBatch, full_logits: Scores,
              state: State | None) -> StepOutput:
-        """full_logits (N * K, V) -> done-on-entry flags and confidences, on the device.
+        """full_logits (N * K, V) or a HeadInput of N * K rows -> done-on-entry flags and
+        confidences, on the device.
 
         Edits batch.block_ids (and state) in place; must not synchronise with the host. A block
         done on entry is left unchanged (further steps over it change nothing).
@@ -159,30 +163,39 @@ class DllmAlgorithm(ABC):
         return torch.full((batch.size, 1), float(getattr(self.config, name)),
                           device=batch.block_ids.device)
 
-    def use_fused_predict(self, batch: DenoiseBatch, logits: torch.Tensor) -> bool:
-        """Greedy batches on CUDA take the fused kernel (kernels/step.py); `fused_predict`
-        True / False forces it on or off (tests run it under the Triton interpreter)."""
+    def use_fused_predict(self, batch: DenoiseBatch, scores: torch.Tensor) -> bool:
+        """Greedy batches on CUDA take the fused kernels (kernels/lm_head.py from a HeadInput,
+        kernels/step.py from logits); `fused_predict` True / False forces them on or off
+        (tests run them under the Triton interpreter). scores: the logits or hidden states."""
         if batch.sampled:
             return False
-        return logits.is_cuda if self.fused_predict is None else self.fused_predict
+        return scores.is_cuda if self.fused_predict is None else self.fused_predict
 
-    def predict(self, batch: DenoiseBatch, logits: torch.Tensor) -> tuple[torch.Tensor,
-                                                                            torch.Tensor]:
-        """logits (N, K, V) -> (x, p): predicted token (N, K) int64 and its confidence (N, K)
-        fp32.
+    def predict(self, batch: DenoiseBatch, scores: Scores, rows: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """scores: logits (N * K, V) or (N, K, V), or a HeadInput of N * K rows -> (x, p):
+        predicted token (N, K) int64 and its confidence (N, K) fp32. rows (N, K) bool: the
+        positions the caller reads (None: all); elsewhere x and p are unspecified (the fused
+        head, kernels/lm_head.py, skips them: x = mask_id, p = 0).
 
         Greedy rows take the argmax; rows with temperature > 0 sample by the Gumbel-max rule on
         logits / temperature (restricted to the top_p nucleus). The confidence is the softmax
         probability of the chosen token, computed without a full probability tensor. The mask
         token is never predicted (so every step with masks unmasks at least one position).
         """
+        shape = batch.block_ids.shape
+        if isinstance(scores, HeadInput) and self.use_fused_predict(batch, scores.hidden):
+            from dllm_serve.kernels.lm_head import head_greedy
+
+            x, p = head_greedy(scores.hidden, scores.weight, self.mask_id,
+                               None if rows is None else rows.reshape(-1), skip_id=self.mask_id)
+            return x.view(shape), p.view(shape)
+        logits = as_logits(scores).view(*shape, -1)
         if self.use_fused_predict(batch, logits):
             from dllm_serve.kernels.step import argmax_confidence
 
-            x, p = argmax_confidence(logits, self.mask_id)
-        else:
-            x, p = reference_predict(batch, logits, self.mask_id)
-        return x, p
+            return argmax_confidence(logits, self.mask_id)
+        return reference_predict(batch, logits, self.mask_id)
 
     def top1_fallback(self, conf: torch.Tensor, transfer: torch.Tensor,
                       has_mask: torch.Tensor) -> torch.Tensor:

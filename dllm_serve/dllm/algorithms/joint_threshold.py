@@ -22,10 +22,12 @@ from dllm_serve.dllm.algorithms.base import (
     AlgorithmConfig,
     DenoiseBatch,
     DllmAlgorithm,
+    Scores,
     State,
     StepOutput,
 )
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
+from dllm_serve.model.head import as_logits
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class JointThreshold(DllmAlgorithm):
         # block_size unmasking steps, max_post_edit_steps + 1 post steps, the done step.
         return block_size + self.config.max_post_edit_steps + 2
 
-    def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
+    def step(self, batch: DenoiseBatch, full_logits: Scores,
              state: State | None) -> StepOutput:
         assert state is not None
         ids = batch.block_ids  # (B, K)
@@ -73,7 +75,7 @@ class JointThreshold(DllmAlgorithm):
         active = ~done
         masked = ids == self.mask_id
         has_mask = masked.any(1)
-        x, p = self.predict(batch, self.penalize(full_logits.view(*ids.shape, -1), ids))
+        x, p = self.predict(batch, self.penalize(full_logits, ids))  # every position is read
 
         post = active & ~has_mask
         state["post_edit_steps"] += post.long()
@@ -106,12 +108,13 @@ class JointThreshold(DllmAlgorithm):
         assert state is not None
         state["finished"] &= ~rows
 
-    def penalize(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Lower the logit at j + 1 of the token at j by penalty_lambda (repetition penalty)."""
+    def penalize(self, scores: Scores, ids: torch.Tensor) -> Scores:
+        """Lower the logit at j + 1 of the token at j by penalty_lambda (repetition penalty);
+        with a penalty the logits (B, K, V) are computed (as_logits)."""
         lam = self.config.penalty_lambda
         if lam == 0.0:
-            return logits
-        out = logits.float().clone()  # (B, K, V)
+            return scores
+        out = as_logits(scores).float().view(*ids.shape, -1).clone()  # (B, K, V)
         prev = ids[:, :-1, None]  # (B, K-1, 1)
         out[:, 1:].scatter_add_(-1, prev, torch.full(prev.shape, -lam, device=out.device))
         return out

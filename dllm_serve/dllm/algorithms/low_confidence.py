@@ -15,6 +15,7 @@ from dllm_serve.dllm.algorithms.base import (
     AlgorithmConfig,
     DenoiseBatch,
     DllmAlgorithm,
+    Scores,
     State,
     StepOutput,
 )
@@ -36,12 +37,12 @@ class LowConfidence(DllmAlgorithm):
     config: LowConfidenceConfig
     request_params = ("threshold",)
 
-    def step(self, batch: DenoiseBatch, full_logits: torch.Tensor,
+    def step(self, batch: DenoiseBatch, full_logits: Scores,
              state: State | None) -> StepOutput:
         ids = batch.block_ids  # (B, K)
         masked = ids == self.mask_id
         has_mask = masked.any(1)
-        x, p = self.predict(batch, full_logits.view(*ids.shape, -1))
+        x, p = self.predict(batch, full_logits, masked)  # only masked positions are read
         conf = torch.where(masked, p, float("-inf"))
         transfer = conf > self.param(batch, "threshold")
         transfer = self.top1_fallback(conf, transfer, has_mask) & masked
