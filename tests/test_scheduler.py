@@ -9,7 +9,7 @@ import pytest
 from local_engine import LocalEngine, scripted_engine
 
 from dllm_serve.managers.messages import AbortReq, AddPages, Admit, Prefill, Release
-from dllm_serve.managers.worker import merge_prefills
+from dllm_serve.managers.prefill_plan import merge_prefills
 
 K, MASK, EOS = 4, 15, 14
 

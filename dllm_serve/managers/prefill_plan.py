@@ -6,13 +6,16 @@ in order as they fill (`send` sends the last, partly filled one). Once a forward
 prompt pages it writes enter the radix prefix cache (ReqPages.cache), so a request admitted
 after it in the same round can share them: its own forwards come later in the same ordered
 channel and device stream, after the one that writes them.
+
+On the worker's side, `merge_prefills` merges the prefills that arrive together into fewer
+forwards.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dllm_serve.managers.messages import Prefill, WorkItem
+from dllm_serve.managers.messages import Preempt, Prefill, Release, WorkItem
 from dllm_serve.managers.req import Req
 from dllm_serve.managers.req_pages import ReqPages
 from dllm_serve.managers.scheduler_config import SchedulerConfig
@@ -56,3 +59,31 @@ class PrefillPlanner:
             self.stats[key] += 1
         for req in reqs:
             self.pages.cache(req)
+
+
+def merge_prefills(items: list[WorkItem], max_tokens: int) -> list[WorkItem]:
+    """The items with prefills that arrived together merged into fewer forwards (each at most
+    max_tokens). A merged prefill runs after the other items that came with its parts (the page
+    mappings it needs among them; admissions only join at the next launch), but before any
+    Release or Preempt that follows (a released slot may be remapped right after)."""
+    out: list[WorkItem] = []
+    merged: Prefill | None = None
+    for item in items:
+        if isinstance(item, Prefill):
+            tokens = sum(len(t) for t in item.token_ids)
+            if merged is not None and sum(len(t) for t in merged.token_ids) + tokens <= max_tokens:
+                merged.slots += item.slots
+                merged.seg_starts += item.seg_starts
+                merged.token_ids += item.token_ids
+                continue
+            if merged is not None:
+                out.append(merged)
+            merged = Prefill(list(item.slots), list(item.seg_starts), list(item.token_ids))
+            continue
+        if merged is not None and isinstance(item, Release | Preempt):
+            out.append(merged)
+            merged = None
+        out.append(item)
+    if merged is not None:
+        out.append(merged)
+    return out

@@ -1,7 +1,7 @@
 """The worker: owns the device and runs one forward loop that never waits for the scheduler.
 
     loop: take changes -> launch forward k + step -> read step k-1 back -> retire / open
-          blocks -> report what finished -> go on
+          blocks (managers/block_flow.py) -> report what finished -> go on
 
 The running batch lives on the device (`ResidentBatch`); the scheduler sends only changes
 (pages, prefill, admissions, releases, preemptions) and receives only results (retired blocks,
@@ -31,14 +31,14 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm
 from dllm_serve.dllm.denoise_step import FLAGS, StepSpec, denoise_step
-from dllm_serve.dllm.modes import RoundMode, plan
+from dllm_serve.dllm.modes import RoundMode
+from dllm_serve.managers.block_flow import BlockFlow
 from dllm_serve.managers.messages import (
     AddPages,
     Admit,
@@ -50,6 +50,7 @@ from dllm_serve.managers.messages import (
     WorkerReport,
     WorkItem,
 )
+from dllm_serve.managers.prefill_plan import merge_prefills
 from dllm_serve.managers.readback import Pending, Readback
 from dllm_serve.managers.resident_batch import Block, DeviceReq, Layout, ResidentBatch
 from dllm_serve.managers.round_trace import Tracer
@@ -106,19 +107,11 @@ class Worker:
         most = 2 if self.adaptive else self.depth  # the deepest this worker goes
         self.readback = Readback(runner.device, buffers=most + 1)
         self.tracer = tracer
-        self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
-        self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
-        self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
-        # FDFO: every live request with a converged leftmost block or a ready frontier
-        # (_advance's candidates) is here, by id: a refresh that flags one of its blocks adds it,
-        # _advance keeps those it leaves candidates (only a refresh or _advance can make a
-        # request one: blocks are opened and admitted unflagged)
-        self.flagged: dict[int, DeviceReq] = {}
         self.inflight: deque[Launch] = deque()  # oldest first
         self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
         self.report = ReportBuilder(report_every_s)
-        self.boundary = True  # sync: the last collect retired the whole batch
+        self.flow = BlockFlow(self.batch, self.report, mode, self.k)  # retire / open / join
         self.wait_s = 0.0  # time spent waiting for the device's readouts (for the trace)
         # host seconds per phase of iterate (for the trace): the scheduler's changes (prefill
         # launches among them), join + launch, readback (its wait included) + retire / open
@@ -136,7 +129,7 @@ class Worker:
     @property
     def idle(self) -> bool:
         """Nothing on the device and nothing in flight: wait for the scheduler."""
-        return self.batch.num_rows == 0 and not self.inflight and not self.waiting
+        return self.batch.num_rows == 0 and not self.inflight and not self.flow.waiting
 
     # ---- one iteration ------------------------------------------------------------------
 
@@ -148,14 +141,14 @@ class Worker:
         for item in merge_prefills(items, self.max_prefill_tokens):
             self.apply(item)
         t1 = time.monotonic()
-        self.join()
+        self.flow.join()
         launched = self.launch() if self.batch.num_rows else None
         if launched is not None:
             self.inflight.append(launched)
         t2 = time.monotonic()
         while self.inflight and (launched is None or len(self.inflight) > self.depth):
             self.collect(self.inflight.popleft())
-        self.join()
+        self.flow.join()
         report = self.report.take(self.idle)
         phases = self.phase_s
         phases[0] += t1 - t0
@@ -168,9 +161,7 @@ class Worker:
     def apply(self, item: WorkItem) -> None:
         if isinstance(item, AddPages):
             self.runner.add_pages(item.slot, item.first, item.pages)
-            base = 0 if item.first == 0 else self.mapped.get(item.slot, 0)
-            end = (item.first + len(item.pages)) * self.runner.page_size
-            self.mapped[item.slot] = max(base, end)
+            self.flow.map_pages(item.slot, item.first, len(item.pages), self.runner.page_size)
         elif isinstance(item, Prefill):
             self._trace("prefill", lambda: self.runner.prefill(item.slots, item.seg_starts,
                                                                item.token_ids))
@@ -189,19 +180,16 @@ class Worker:
         blocks = [Block(msg.first_start + i * self.k, init_ids=msg.blocks[i].copy(),
                         init_state=msg.states[i], init_steps=msg.block_steps[i])
                   for i in range(n)]
-        self.waiting.append(DeviceReq(msg.uid, msg.slot, msg.settings,
-                                      msg.first_start + n * self.k, blocks))
-
-    def _find(self, uid: int) -> DeviceReq | None:
-        return self.batch.reqs.get(uid) or next((r for r in self.waiting if r.uid == uid), None)
+        self.flow.admit(DeviceReq(msg.uid, msg.slot, msg.settings,
+                                  msg.first_start + n * self.k, blocks))
 
     def release(self, uid: int) -> None:
-        req = self._find(uid)
+        req = self.flow.find(uid)
         if req is not None:
-            self._remove(req)
+            self.flow.remove(req)
 
     def preempt(self, uid: int) -> None:
-        req = self._find(uid)
+        req = self.flow.find(uid)
         if req is None:
             return
         ids, states = (self.batch.host_rows(req) if req.blocks
@@ -209,20 +197,13 @@ class Worker:
         self.report.preempted(Preempted(
             uid, req.first_start, ids, states, [self.batch.steps(b) for b in req.blocks],
             self.batch.forwards(req)))
-        self._remove(req)
-
-    def _remove(self, req: DeviceReq) -> None:
-        if req in self.waiting:
-            self.waiting.remove(req)
-            req.alive = False
-        else:
-            self.batch.drop(req)
+        self.flow.remove(req)
 
     def fail(self, req: DeviceReq, message: str) -> None:
         if req.alive:
             logger.error("request uid %d failed: %s", req.uid, message)
             self.report.failed(Failed(req.uid, message))
-            self._remove(req)
+            self.flow.remove(req)
 
     # ---- the device -----------------------------------------------------------------------
 
@@ -264,7 +245,7 @@ class Worker:
         for i in self._notable(launch, data):
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
-        self._advance()
+        self.flow.advance()
 
     def _notable(self, launch: Launch, data: np.ndarray) -> list[int]:
         """The rows a readout `data` (N, K + 5) says something new about: bad, at the step
@@ -303,90 +284,11 @@ class Worker:
         block.converged = converged
         block.ready = bool(row[k + READY])
         if (converged or block.ready) and self.mode.fdfo:
-            self.flagged[id(req)] = req
+            self.flow.flag(req)
         if row[k + BAD]:
             self.fail(req, "the model produced non-finite logits for this request")
         elif not block.converged and steps >= self.max_steps:
             self.fail(req, f"a block did not converge within {self.max_steps} steps")
-
-    def _advance(self) -> None:
-        """Retire and open blocks. Only requests where something can happen are planned: a
-        converged leftmost block, a ready frontier, or (sync) a batch that is all done."""
-        any_active = self.batch.num_rows > 0  # some request has a block
-        if self.mode.fdfo:  # after every forward: only the flagged requests (admission order)
-            cands = sorted((r for r in self.flagged.values() if r.alive and _candidate(r)),
-                           key=attrgetter("seq"))
-            done = False
-        else:
-            active = [r for r in self.batch.reqs.values() if r.blocks]
-            done = bool(active) and all(r.blocks[0].converged for r in active)
-            cands = active if done else [r for r in active if r.blocks[-1].ready]
-        if not cands:
-            self.flagged.clear()
-            self.boundary = not any_active
-            return
-        p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
-                 np.array([len(r.blocks) for r in cands], dtype=np.int64),
-                 np.array([r.blocks[-1].ready for r in cands], dtype=bool),
-                 np.array([self._can_open(r) for r in cands], dtype=bool), done)
-        retire = p.retire.tolist()
-        if any(retire):
-            self.report.msg.rounds += 1
-        for req, count, opens in zip(cands, retire, p.open.tolist(), strict=True):
-            if count and not self._retire(req, count):
-                continue
-            if opens:
-                self.batch.open_block(req)
-            elif not req.blocks:
-                self.parked.append(req)  # its next block's pages are not mapped yet
-        if self.mode.fdfo:
-            self.flagged = {id(r): r for r in cands if r.alive and _candidate(r)}
-        self.boundary = p.boundary or not any_active
-
-    def _retire(self, req: DeviceReq, count: int) -> bool:
-        """Retire and report the request's leading blocks; False if it is over (a stop token
-        or max_end: the worker forgets it, the scheduler finishes it on the report)."""
-        forwards = self.batch.forwards(req)
-        for block in self.batch.retire(req, count):
-            self.report.msg.idle_block_steps += self.batch.steps(block) - block.final_step
-            self.report.retire(req.uid, block, forwards)
-            if self._stops(req, block):
-                self.batch.drop(req)
-                return False
-        if not req.blocks and req.next_start >= req.settings.max_end:
-            self.batch.drop(req)
-            return False
-        return True
-
-    def _stops(self, req: DeviceReq, block: Block) -> bool:
-        s = req.settings
-        if block.start + self.k >= s.max_end:
-            return True
-        stops = s.stop_ids  # (m,), a few ids: one broadcast compare beats np.isin's sort
-        if not len(stops) or block.ids is None:
-            return False
-        gen = block.ids[max(0, s.prompt_len - block.start):]
-        return bool((gen[:, None] == stops[None, :]).any())
-
-    def _can_open(self, req: DeviceReq) -> bool:
-        end = req.next_start + self.k
-        return end <= req.settings.max_end and end <= self.mapped.get(req.slot, 0)
-
-    def join(self) -> None:
-        """Admitted requests join, and requests without a block (pages were missing) open
-        one: at once with FDFO; with sync at a batch boundary or when the batch is empty."""
-        if not (self.mode.fdfo or self.boundary or self.batch.num_rows == 0):
-            return
-        for req in self.waiting:
-            self.batch.add(req)
-        self.waiting = []
-        parked, self.parked = self.parked, []
-        for req in parked:
-            if req.alive and not req.blocks and self._can_open(req):
-                self.batch.open_block(req)
-            elif req.alive and not req.blocks:
-                self.parked.append(req)
-        self.boundary = False
 
     # ---- reports ------------------------------------------------------------------------
 
@@ -400,44 +302,3 @@ class Worker:
                                   self.spec, isolate=False)
         return readout
 
-
-def merge_prefills(items: list[WorkItem], max_tokens: int) -> list[WorkItem]:
-    """The items with prefills that arrived together merged into fewer forwards (each at most
-    max_tokens). A merged prefill runs after the other items that came with its parts (the page
-    mappings it needs among them; admissions only join at the next launch), but before any
-    Release or Preempt that follows (a released slot may be remapped right after)."""
-    out: list[WorkItem] = []
-    merged: Prefill | None = None
-    for item in items:
-        if isinstance(item, Prefill):
-            tokens = sum(len(t) for t in item.token_ids)
-            if merged is not None and sum(len(t) for t in merged.token_ids) + tokens <= max_tokens:
-                merged.slots += item.slots
-                merged.seg_starts += item.seg_starts
-                merged.token_ids += item.token_ids
-                continue
-            if merged is not None:
-                out.append(merged)
-            merged = Prefill(list(item.slots), list(item.seg_starts), list(item.token_ids))
-            continue
-        if merged is not None and isinstance(item, Release | Preempt):
-            out.append(merged)
-            merged = None
-        out.append(item)
-    if merged is not None:
-        out.append(merged)
-    return out
-
-
-def _candidate(req: DeviceReq) -> bool:
-    """Something can happen to the request in _advance: its leftmost block converged or its
-    frontier is ready."""
-    return bool(req.blocks) and (req.blocks[0].converged or req.blocks[-1].ready)
-
-
-def _leading(blocks: list[Block]) -> int:
-    """Converged blocks at the start of a window."""
-    n = 0
-    while n < len(blocks) and blocks[n].converged:
-        n += 1
-    return n

@@ -1,0 +1,155 @@
+"""`BlockFlow`: which blocks leave the worker's batch and which join it after each readout.
+
+The worker (managers/worker.py) reads step k back and refreshes what it learnt on its blocks
+(`Block.converged`, `ready`); then `advance` retires blocks and opens the next ones as the mode
+says (dllm/modes.py `plan`), and `join` lets admitted requests in. Requests are in one of three
+places: `waiting` (admitted, not yet in the batch: FDFO joins them at the next launch, sync at a
+batch boundary), the batch (`ResidentBatch`), or `parked` (in the batch without a block: the
+pages of their next block are not mapped yet). Retired blocks go to the report (`ReportBuilder`);
+a request whose block holds a stop token or reaches its max_end is dropped (the scheduler
+finishes it on the report).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+import numpy as np
+
+from dllm_serve.dllm.modes import RoundMode, plan
+from dllm_serve.managers.resident_batch import Block, DeviceReq, ResidentBatch
+from dllm_serve.managers.worker_report import ReportBuilder
+
+
+class BlockFlow:
+    def __init__(self, batch: ResidentBatch, report: ReportBuilder, mode: RoundMode,
+                 block_size: int) -> None:
+        self.batch, self.report, self.mode, self.k = batch, report, mode, block_size
+        self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
+        self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
+        self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
+        # FDFO: every live request with a converged leftmost block or a ready frontier
+        # (advance's candidates) is here, by id: a refresh that flags one of its blocks adds it
+        # (`flag`), advance keeps those it leaves candidates (only a refresh or advance can make
+        # a request one: blocks are opened and admitted unflagged)
+        self.flagged: dict[int, DeviceReq] = {}
+        self.boundary = True  # sync: the last advance retired the whole batch
+
+    # ---- the scheduler's changes --------------------------------------------------------
+
+    def map_pages(self, slot: int, first: int, count: int, page_size: int) -> None:
+        """Pages [first, first + count) of the slot are mapped (first 0: a fresh mapping)."""
+        base = 0 if first == 0 else self.mapped.get(slot, 0)
+        self.mapped[slot] = max(base, (first + count) * page_size)
+
+    def admit(self, req: DeviceReq) -> None:
+        self.waiting.append(req)
+
+    def find(self, uid: int) -> DeviceReq | None:
+        return self.batch.reqs.get(uid) or next((r for r in self.waiting if r.uid == uid), None)
+
+    def remove(self, req: DeviceReq) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.alive = False
+        else:
+            self.batch.drop(req)
+
+    def flag(self, req: DeviceReq) -> None:
+        """FDFO: a refresh found one of the request's blocks converged or ready."""
+        self.flagged[id(req)] = req
+
+    # ---- after each readout ---------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Retire and open blocks. Only requests where something can happen are planned: a
+        converged leftmost block, a ready frontier, or (sync) a batch that is all done."""
+        any_active = self.batch.num_rows > 0  # some request has a block
+        if self.mode.fdfo:  # after every forward: only the flagged requests (admission order)
+            cands = sorted((r for r in self.flagged.values() if r.alive and _candidate(r)),
+                           key=attrgetter("seq"))
+            done = False
+        else:
+            active = [r for r in self.batch.reqs.values() if r.blocks]
+            done = bool(active) and all(r.blocks[0].converged for r in active)
+            cands = active if done else [r for r in active if r.blocks[-1].ready]
+        if not cands:
+            self.flagged.clear()
+            self.boundary = not any_active
+            return
+        p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
+                 np.array([len(r.blocks) for r in cands], dtype=np.int64),
+                 np.array([r.blocks[-1].ready for r in cands], dtype=bool),
+                 np.array([self._can_open(r) for r in cands], dtype=bool), done)
+        retire = p.retire.tolist()
+        if any(retire):
+            self.report.msg.rounds += 1
+        for req, count, opens in zip(cands, retire, p.open.tolist(), strict=True):
+            if count and not self._retire(req, count):
+                continue
+            if opens:
+                self.batch.open_block(req)
+            elif not req.blocks:
+                self.parked.append(req)  # its next block's pages are not mapped yet
+        if self.mode.fdfo:
+            self.flagged = {id(r): r for r in cands if r.alive and _candidate(r)}
+        self.boundary = p.boundary or not any_active
+
+    def join(self) -> None:
+        """Admitted requests join, and requests without a block (pages were missing) open
+        one: at once with FDFO; with sync at a batch boundary or when the batch is empty."""
+        if not (self.mode.fdfo or self.boundary or self.batch.num_rows == 0):
+            return
+        for req in self.waiting:
+            self.batch.add(req)
+        self.waiting = []
+        parked, self.parked = self.parked, []
+        for req in parked:
+            if req.alive and not req.blocks and self._can_open(req):
+                self.batch.open_block(req)
+            elif req.alive and not req.blocks:
+                self.parked.append(req)
+        self.boundary = False
+
+    def _retire(self, req: DeviceReq, count: int) -> bool:
+        """Retire and report the request's leading blocks; False if it is over (a stop token
+        or max_end: the worker forgets it, the scheduler finishes it on the report)."""
+        forwards = self.batch.forwards(req)
+        for block in self.batch.retire(req, count):
+            self.report.msg.idle_block_steps += self.batch.steps(block) - block.final_step
+            self.report.retire(req.uid, block, forwards)
+            if self._stops(req, block):
+                self.batch.drop(req)
+                return False
+        if not req.blocks and req.next_start >= req.settings.max_end:
+            self.batch.drop(req)
+            return False
+        return True
+
+    def _stops(self, req: DeviceReq, block: Block) -> bool:
+        s = req.settings
+        if block.start + self.k >= s.max_end:
+            return True
+        stops = s.stop_ids  # (m,), a few ids: one broadcast compare beats np.isin's sort
+        if not len(stops) or block.ids is None:
+            return False
+        gen = block.ids[max(0, s.prompt_len - block.start):]
+        return bool((gen[:, None] == stops[None, :]).any())
+
+    def _can_open(self, req: DeviceReq) -> bool:
+        end = req.next_start + self.k
+        return end <= req.settings.max_end and end <= self.mapped.get(req.slot, 0)
+
+
+def _candidate(req: DeviceReq) -> bool:
+    """Something can happen to the request in advance: its leftmost block converged or its
+    frontier is ready."""
+    return bool(req.blocks) and (req.blocks[0].converged or req.blocks[-1].ready)
+
+
+def _leading(blocks: list[Block]) -> int:
+    """Converged blocks at the start of a window."""
+    n = 0
+    while n < len(blocks) and blocks[n].converged:
+        n += 1
+    return n
