@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_engine import LocalEngine, local_engine, scripted_engine
 
+from dllm_serve.managers.batch_layout import COLUMN_FIELDS, Block, Columns, DeviceReq, Layout
 from dllm_serve.managers.messages import AbortReq, ReqSettings
-from dllm_serve.managers.resident_batch import COLUMN_FIELDS, Block, Columns, DeviceReq, Layout
 
 K = 4
 

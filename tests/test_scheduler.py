@@ -301,8 +301,8 @@ def test_a_request_counts_the_forwards_it_was_in_the_layout_for() -> None:
     """ResidentBatch.forwards: forwards run while the request had rows, across patches, a hole
     (it left with no block open: forwards without it do not count) and a request's second
     block."""
+    from dllm_serve.managers.batch_layout import Block, DeviceReq
     from dllm_serve.managers.messages import ReqSettings
-    from dllm_serve.managers.resident_batch import Block, DeviceReq
 
     batch = scripted_engine(mrr=4).worker.batch
     settings = ReqSettings(prompt_len=0, max_end=64)

@@ -17,7 +17,8 @@ from operator import attrgetter
 import numpy as np
 
 from dllm_serve.dllm.modes import RoundMode, plan
-from dllm_serve.managers.resident_batch import Block, DeviceReq, ResidentBatch
+from dllm_serve.managers.batch_layout import Block, DeviceReq
+from dllm_serve.managers.resident_batch import ResidentBatch
 from dllm_serve.managers.worker_report import ReportBuilder
 
 

@@ -38,6 +38,7 @@ import torch
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm
 from dllm_serve.dllm.denoise_step import FLAGS, StepSpec, denoise_step
 from dllm_serve.dllm.modes import RoundMode
+from dllm_serve.managers.batch_layout import Block, DeviceReq, Layout
 from dllm_serve.managers.block_flow import BlockFlow
 from dllm_serve.managers.messages import (
     AddPages,
@@ -52,7 +53,7 @@ from dllm_serve.managers.messages import (
 )
 from dllm_serve.managers.prefill_plan import merge_prefills
 from dllm_serve.managers.readback import Pending, Readback
-from dllm_serve.managers.resident_batch import Block, DeviceReq, Layout, ResidentBatch
+from dllm_serve.managers.resident_batch import ResidentBatch
 from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.row_storage import RowStorage
 from dllm_serve.managers.worker_report import ReportBuilder

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
+from dllm_serve.managers.batch_layout import Block
 from dllm_serve.managers.messages import Failed, Preempted, Retired, WorkerReport
-from dllm_serve.managers.resident_batch import Block
 
 
 class ReportBuilder:
