@@ -12,11 +12,11 @@ from dllm_serve.kernels.fused_moe import (
     choose_moe_launches,
     down_proj,
     fused_experts,
-    sum_choices,
     triton_moe,
 )
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_route import fused_route
+from dllm_serve.kernels.moe_sum import sum_choices
 from dllm_serve.kernels.norm import fused_rms_norm
 from dllm_serve.layers.mlp import swiglu
 from dllm_serve.layers.moe import (

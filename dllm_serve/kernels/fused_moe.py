@@ -10,8 +10,8 @@
 4. `_down_kernel`: per (block, N tile) y = h @ down^T -> (A, hidden) in x.dtype, (A + T,
    hidden) with a shared expert (each expert's output rounded once, as `moe_reference` rounds
    it; half the bytes of fp32 rows);
-5. `_sum_kernel`: each token's K rows times their routing weights, summed in fp32 in choice
-   order, cast to x.dtype (one pass).
+5. `sum_choices` (kernels/moe_sum.py): each token's K rows times their routing weights, summed
+   in fp32 in choice order, cast to x.dtype (one pass; the addends and the next norm fused).
 A shared expert of the routed experts' width (LLaDA2.0-mini's) is one more expert here: its
 blocks (every token, rows A .. A + T of h and y) follow the routed blocks in the same two
 launches, and its rows are the first addend of the sum. That is two kernels fewer per MoE
@@ -43,8 +43,8 @@ from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
-from dllm_serve.kernels.norm import rms_norm_rows
-from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
+from dllm_serve.kernels.moe_sum import sum_choices
+from dllm_serve.kernels.runtime import check_device, interpreted
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
     FUSES_NORM,
@@ -75,11 +75,6 @@ class MoeLaunch:
     block_major: bool = False
 
 
-SUM_BLOCK = 1024  # hidden columns per program of the choice sum
-# Warps of the choice sum with a norm (a whole row a program). 16 was the fastest of 1-16 at 32 /
-# 128 / 512 tokens (2.33 / 2.68 / 4.45 us against 3.00 / 3.18 / 4.68 at 8; at 2048 25.9 against
-# 27.4; the sum then the RMSNorm kernel 3.24 / 3.96 / 6.17 / 29.96 us): sumnorm_probe_188c17b.json
-SUM_NORM_WARPS = 16
 # The kernels address rows of x, h and y with int32 offsets: one call takes at most this many
 # elements in each (fused_experts runs more tokens than that in parts)
 MAX_ELEMENTS = 2**31 - 1
@@ -276,46 +271,6 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
         go(DEFAULT_LAUNCH)
 
 
-def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
-                addends: tuple[torch.Tensor, ...] = (), norm: NormParams | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """y (T * K, hidden), topk_weights (T, K) -> (T, hidden) in dtype: each token's K rows
-    times their weights, summed in fp32 in choice order (deterministic: no atomics), cast
-    once. One pass over y; equal to `(y.view(T, K, hidden).float() * w[:, :, None]).sum(1)
-    .to(dtype)` within fp32 rounding (moe_reference's combine). Then each of `addends` (at
-    most two, (T, hidden) in dtype) is added in order, each sum rounded to dtype: exactly
-    `add_in_order(sum, addends)` (a decoder layer's shared experts and residual, fused into
-    this pass instead of two more kernels each reading and writing (T, hidden)). With `norm`
-    (weight (hidden,), eps): (out, RMSNorm(out)), the norm computed as kernels/norm.py's (the
-    next layer's input norm, or the model's final one, without a launch of its own); each
-    program then takes a whole row."""
-    (a, hidden), top_k = y.shape, topk_weights.shape[1]
-    if len(addends) > 2:
-        raise ValueError(f"sum_choices adds at most two tensors, got {len(addends)}")
-    out = torch.empty(a // top_k, hidden, dtype=dtype, device=y.device)
-    parts = [t.contiguous() for t in addends]
-    assert all(t.shape == out.shape and t.dtype == dtype for t in parts)
-    first, second = (parts + [out, out])[:2]  # unused pointers: never read
-    weights = topk_weights.float().contiguous()
-    if norm is None:
-        block = min(SUM_BLOCK, next_pow2(hidden))
-        _sum_kernel[(a // top_k, triton.cdiv(hidden, block))](
-            y, weights, first, second, out, out, out, 0.0, hidden, TOP_K=top_k,
-            ADDENDS=len(parts), BLOCK=block, NORM=False, num_warps=4)
-        return out
-    norm_weight, eps = norm
-    if norm_weight.shape != (hidden,):
-        raise ValueError(f"sum_choices: norm weight {tuple(norm_weight.shape)} must be "
-                         f"({hidden},)")
-    normed = torch.empty(a // top_k, hidden, dtype=torch.promote_types(dtype, norm_weight.dtype),
-                         device=y.device)
-    block = next_pow2(hidden)
-    _sum_kernel[(a // top_k, 1)](
-        y, weights, first, second, out, norm_weight, normed, eps, hidden, TOP_K=top_k,
-        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=SUM_NORM_WARPS)
-    return out, normed
-
-
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
     return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
                 BLOCK_MAJOR=launch.block_major, DOT_F32=interpreted(),
@@ -417,32 +372,3 @@ def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we
             acc += dot(a, wt, DOT_F32)
         tl.store(Y + rows[:, None] * hidden + n[None, :], acc.to(Y.dtype.element_ty),
                  mask=valid[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _sum_kernel(Y, Weights, A1, A2, Out, NormW, Normed, eps, hidden, TOP_K: tl.constexpr,
-                ADDENDS: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
-    """out[t, n] = sum over j < TOP_K of weights[t, j] * y[t * TOP_K + j, n], in fp32, in j
-    order, cast to out's dtype; then + a1[t, n] and + a2[t, n] (the first ADDENDS of them),
-    each sum computed in fp32 and cast (as a PyTorch add of two tensors of that dtype).
-    NORM (one program per row, BLOCK >= hidden): also normed[t] = RMSNorm(out[t]) with
-    NormW (`rms_norm_rows`)."""
-    tok = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
-    mask = n < hidden
-    acc = tl.zeros([BLOCK], tl.float32)
-    for j in tl.static_range(TOP_K):
-        w = tl.load(Weights + tok * TOP_K + j)
-        acc += w * tl.load(Y + (tok * TOP_K + j) * hidden + n, mask=mask, other=0.0).to(tl.float32)
-    out = acc.to(Out.dtype.element_ty)
-    if ADDENDS >= 1:
-        out = (out.to(tl.float32) + tl.load(A1 + tok * hidden + n, mask=mask, other=0.0)
-               .to(tl.float32)).to(Out.dtype.element_ty)
-    if ADDENDS >= 2:
-        out = (out.to(tl.float32) + tl.load(A2 + tok * hidden + n, mask=mask, other=0.0)
-               .to(tl.float32)).to(Out.dtype.element_ty)
-    tl.store(Out + tok * hidden + n, out, mask=mask)
-    if NORM:
-        normed = rms_norm_rows(out[None, :], NormW, n, hidden, eps)  # (1, BLOCK)
-        tl.store(Normed + tok * hidden + n[None, :], normed.to(Normed.dtype.element_ty),
-                 mask=mask[None, :])

@@ -62,7 +62,7 @@ def rms_norm_rows(x, W, c, N, eps):
     """x (ROWS, BLOCK_N) in the input dtype, 0 in columns c >= N -> (ROWS, BLOCK_N) fp32:
     the fp32 mean of squares, the normalised value cast back to x's dtype, times the weight
     W[c] (to be cast to the output dtype). The one RMSNorm of the kernels here and of the MoE
-    choice sum's fused norm (fused_moe.py)."""
+    choice sum's fused norm (moe_sum.py)."""
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)  # (ROWS,)
     normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)

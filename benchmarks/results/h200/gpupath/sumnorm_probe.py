@@ -1,11 +1,11 @@
-"""The MoE choice sum with the next layer's input norm fused (kernels/fused_moe.py
+"""The MoE choice sum with the next layer's input norm fused (kernels/moe_sum.py
 `sum_choices(..., norm=...)`, one program a row) under several warp counts, against the sum
 without it followed by the RMSNorm kernel; 32 / 128 / 512 / 2048 tokens of LLaDA2.0-mini
 (top-8, the shared expert's rows and the residual as addends), CUDA graphs of 20 calls:
 
     python3 benchmarks/results/h200/gpupath/sumnorm_probe.py sumnorm_probe.json
 
-The warps are set through fused_moe.SUM_NORM_WARPS (restored after)."""
+The warps are set through moe_sum.SUM_NORM_WARPS (restored after)."""
 import json
 import sys
 from pathlib import Path
@@ -15,7 +15,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-import dllm_serve.kernels.fused_moe as fm
+import dllm_serve.kernels.moe_sum as fm
 from benchmarks.round_roofline import graphed, time_ms
 from dllm_serve.kernels.norm import fused_rms_norm
 
