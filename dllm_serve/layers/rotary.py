@@ -9,18 +9,29 @@ dllm_serve.kernels.rope), used by attention modules whose `kernel_backend` names
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from dllm_serve.utils.registry import Registry
 
-# (q (T, H, D), k (T, KVH, D), q_norm weight (D,) | None, k_norm weight | None, eps,
-#  cos (T, R), sin (T, R), v (T, KVH, D) | None, target: layers.attention.KvTarget | None)
-# -> (q, k) normed (when weights are given) then rotated; the kernel may write into q and k in
-# place. With v and a target it also stores the resulting k and v at the target's slots.
-QkRopeKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+if TYPE_CHECKING:
+    from dllm_serve.layers.attention import KvTarget
+
+
+class QkRopeKernel(Protocol):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None,
+                 k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                 sin: torch.Tensor, v: torch.Tensor | None = None,
+                 target: KvTarget | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (T, H, D), k (T, KVH, D), the q / k norm weights (D,) or None, cos / sin (T, R)
+        -> (q, k) normed (when weights are given) then rotated; the kernel may write into q and
+        k in place. With v (T, KVH, D) and a target it also stores the resulting k and v at
+        the target's slots."""
+        ...
+
+
 QK_ROPE_KERNELS: Registry[QkRopeKernel] = Registry("q/k norm + RoPE kernel backend")
 
 
