@@ -15,8 +15,8 @@ shapes that depend only on (T, V, H) (graph-capturable, no host sync). Such rows
    first argmax and sum of exp(l - max) over the tile -> (T, tiles) partials. Program ids run
    one vocabulary tile's row tiles consecutively, so each weight tile comes from memory once
    and the hidden states (T x H, a few MB) stay in L2.
-2. `_merge_kernel`: per asked row, the partials merged (as step.py's combine), written at the
-   row's own index.
+2. `_merge_kernel`: per asked row, the partials merged (step.py's `merge_partials`), written
+   at the row's own index.
 Oracle: `reference_head_greedy` (the LM head's GEMM, then step.py's reference).
 """
 
@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
+from dllm_serve.kernels.step import merge_partials
 from dllm_serve.kernels.triton_utils import dot
 
 
@@ -182,9 +183,8 @@ def _head_kernel(H, W, Order, Count, PartMax, PartIdx, PartSum, rows, vocab, wid
 @triton.jit
 def _merge_kernel(PartMax, PartIdx, PartSum, Order, Count, X, P, tiles, vocab, skip_id,
                   BLOCK: tl.constexpr):
-    """Position j of the asked order: merge its row's tiles (the first tile holding the max
-    gives x; p = 1 / sum-exp) and write them at the row's index; positions past the asked
-    count write (skip_id, 0) there."""
+    """Position j of the asked order: merge its row's tiles (step.py's merge_partials) and
+    write (x, p) at the row's index; positions past the asked count write (skip_id, 0) there."""
     j = tl.program_id(0)
     row = tl.load(Order + j).to(tl.int64)
     if j >= tl.load(Count):
@@ -192,13 +192,7 @@ def _merge_kernel(PartMax, PartIdx, PartSum, Order, Count, X, P, tiles, vocab, s
         tl.store(P + row, 0.0)
         return
     s = tl.arange(0, BLOCK)
-    ok = s < tiles
-    base = j.to(tl.int64) * tiles
-    part_max = tl.load(PartMax + base + s, mask=ok, other=float("-inf"))
-    top = tl.max(part_max, 0)
-    x = tl.min(tl.where(ok & (part_max == top), tl.load(PartIdx + base + s, mask=ok, other=0),
-                        vocab), 0)
-    safe = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.sum(tl.load(PartSum + base + s, mask=ok, other=0.0) * tl.exp(part_max - safe), 0)
+    x, p = merge_partials(PartMax, PartIdx, PartSum, j.to(tl.int64) * tiles, s, s < tiles,
+                          vocab)
     tl.store(X + row, x.to(tl.int64))
-    tl.store(P + row, 1.0 / total)
+    tl.store(P + row, p)

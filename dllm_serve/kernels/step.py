@@ -91,13 +91,23 @@ def _partial_kernel(Logits, PartMax, PartIdx, PartSum, stride_row, vocab, mask_i
 
 @triton.jit
 def _combine_kernel(PartMax, PartIdx, PartSum, X, P, vocab, SPLITS: tl.constexpr):
-    """Merge a row's slices: the first slice holding the max gives x; p = 1 / sum-exp."""
+    """Merge a row's slices (merge_partials)."""
     row = tl.program_id(0)
-    s = row * SPLITS + tl.arange(0, SPLITS)
-    part_max = tl.load(PartMax + s)
-    top = tl.max(part_max, 0)
-    x = tl.min(tl.where(part_max == top, tl.load(PartIdx + s), vocab), 0)
-    safe = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.sum(tl.load(PartSum + s) * tl.exp(part_max - safe), 0)
+    s = tl.arange(0, SPLITS)
+    x, p = merge_partials(PartMax, PartIdx, PartSum, row * SPLITS, s, s < SPLITS, vocab)
     tl.store(X + row, x.to(tl.int64))
-    tl.store(P + row, 1.0 / total)
+    tl.store(P + row, p)
+
+
+@triton.jit
+def merge_partials(PartMax, PartIdx, PartSum, base, s, ok, vocab):
+    """One row's slices s (where ok) at base + s of the partial (max, argmax, sum-exp) arrays
+    -> (x, p): the first slice holding the max gives x (slices are in vocabulary order); p =
+    1 / the sum-exp rescaled to that max. Also kernels/lm_head.py's merge."""
+    part_max = tl.load(PartMax + base + s, mask=ok, other=float("-inf"))
+    top = tl.max(part_max, 0)
+    x = tl.min(tl.where(ok & (part_max == top), tl.load(PartIdx + base + s, mask=ok, other=0),
+                        vocab), 0)
+    safe = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(tl.load(PartSum + base + s, mask=ok, other=0.0) * tl.exp(part_max - safe), 0)
+    return x, 1.0 / total

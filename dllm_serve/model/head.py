@@ -17,16 +17,13 @@ import torch
 
 @dataclass(frozen=True)
 class HeadInput:
-    """hidden (T, H) after the final norm; weight (V, H) the LM head's; `compute` writes and
+    """hidden (T, H) after the final norm; weight (V, H) the LM head's; `logits()` writes and
     returns the logits (T, V) in the model's dtype (the LM head's GEMM: the values a forward
     returns)."""
 
     hidden: torch.Tensor
     weight: torch.Tensor
-    compute: Callable[[], torch.Tensor]
-
-    def logits(self) -> torch.Tensor:
-        return self.compute()
+    logits: Callable[[], torch.Tensor]
 
 
 Scores = torch.Tensor | HeadInput  # what a denoise step gets: logits (T, V), or the head's input
