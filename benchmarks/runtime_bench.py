@@ -121,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="P x C prompts per run, at most C in flight (default 1: C at once)")
     p.add_argument("--pipeline-depth", default="1", choices=["1", "2", "auto"],
                    help="the worker's --dllm-pipeline-depth in every setting")
+    p.add_argument("--multi-step", default="auto", choices=["1", "2", "auto"],
+                   help="the worker's --dllm-multi-step in every setting")
     p.add_argument("--out", default=None, help="JSON results")
     return p.parse_args(argv)
 
@@ -130,6 +132,7 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
     mrr = max(setting.concurrency)
     kw: dict[str, Any] = {"device": ns.device, "max_running_requests": mrr,
                           "log_level": "warning", "dllm_pipeline_depth": ns.pipeline_depth,
+                          "dllm_multi_step": ns.multi_step,
                           **setting.engine}
     if suite.algorithm is not None:
         kw.update(dllm_algorithm=suite.algorithm)

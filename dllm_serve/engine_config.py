@@ -27,6 +27,7 @@ class WorkerConfig:
     mode: RoundMode
     log_level: str = "info"
     depth: int | None = 1  # the worker's pipeline depth; None: adaptive on CUDA
+    multi_step: int | None = None  # forwards per pass of the worker; None: adaptive on CUDA
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ class EngineConfig:
             cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks,
             chunked_prefill_size=a.chunked_prefill_size)
         depth = None if a.dllm_pipeline_depth == "auto" else int(a.dllm_pipeline_depth)
-        return WorkerConfig(runner, self.dllm, self.mode, a.log_level, depth)
+        steps = None if a.dllm_multi_step == "auto" else int(a.dllm_multi_step)
+        return WorkerConfig(runner, self.dllm, self.mode, a.log_level, depth, steps)
 
     def scheduler(self) -> SchedulerProcConfig:
         a = self.args

@@ -90,7 +90,8 @@ class LocalEngine:
 def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
                  mrr: int = 2, page_size: int | None = None, radix_cache: bool = True,
                  chunked_prefill_size: int = 32, max_total_tokens: int | None = None,
-                 depth: int | None = None, **wavefront_kw: float | bool) -> LocalEngine:
+                 depth: int | None = None, multi_step: int = 1,
+                 **wavefront_kw: float | bool) -> LocalEngine:
     """The real model runner (CPU, fp32) under a local scheduler + worker."""
     args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
                       dllm_fdfo=fdfo, max_running_requests=mrr,
@@ -102,7 +103,8 @@ def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1
     mode = RoundMode(fdfo, WavefrontConfig(wavefront, **wavefront_kw))  # type: ignore[arg-type]
     runner = ModelRunner(wcfg.runner)
     worker = Worker(runner, build_algorithm(wcfg.dllm), mode, report_every_s=0.0,
-                    max_prefill_tokens=wcfg.runner.chunked_prefill_size, depth=depth)
+                    max_prefill_tokens=wcfg.runner.chunked_prefill_size, depth=depth,
+                    multi_step=multi_step)
     scfg = dataclasses.replace(cfg.scheduler().scheduler, num_pages=runner.num_pages,
                                page_size=runner.page_size)
     return LocalEngine(Scheduler(scfg, FinishChecker(set(), None)), worker)
@@ -187,7 +189,7 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
                     wavefront: int = 1, decode: Callable[[list[int]], str] | None = None,
                     fill: int = 7, need: Callable[[int], int] | None = None,
                     radix_cache: bool = True, page_size: int | None = None,
-                    depth: int | None = None) -> LocalEngine:
+                    depth: int | None = None, multi_step: int = 1) -> LocalEngine:
     cfg = SchedulerConfig(block_size=k, mask_id=mask, fdfo=fdfo, max_running_requests=mrr,
                           max_queued_requests=queue, chunked_prefill_size=prefill,
                           num_pages=pages, page_size=page_size or k, wavefront_size=wavefront,
@@ -197,5 +199,6 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
         algo.need = need  # type: ignore[method-assign]
     runner = FakeRunner(k, pages, page_size or k)
     worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(wavefront)),  # type: ignore[arg-type]
-                    report_every_s=0.0, max_prefill_tokens=prefill, depth=depth)
+                    report_every_s=0.0, max_prefill_tokens=prefill, depth=depth,
+                    multi_step=multi_step)
     return LocalEngine(Scheduler(cfg, FinishChecker({eos}, decode)), worker)

@@ -99,13 +99,16 @@ def released(e: LocalEngine) -> set[int]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, fdfo=st.booleans(), wavefront=st.sampled_from([1, 2]),
        needs=st.lists(st.integers(2, 6), min_size=8, max_size=8), depth=st.sampled_from([1, 2]),
-       mrr=st.sampled_from([3, 8]))
+       mrr=st.sampled_from([3, 8]), multi_step=st.sampled_from([1, 2]))
 def test_random_workload_keeps_pools_whole(ops: list[tuple], fdfo: bool, wavefront: int,
-                                           needs: list[int], depth: int, mrr: int) -> None:
+                                           needs: list[int], depth: int, mrr: int,
+                                           multi_step: int) -> None:
     """depth: forwards the worker keeps queued (2: what a host-bound GPU worker runs); mrr 8:
-    enough rows that requests leaving leave holes in the device batch for others to take."""
+    enough rows that requests leaving leave holes in the device batch for others to take;
+    multi_step: forwards launched per pass over one layout (2: a host-bound GPU worker's)."""
     e = scripted_engine(fdfo=fdfo, mrr=mrr, pages=8 * mrr, wavefront=wavefront, depth=depth,
-                        need=lambda start: needs[(start // K) % len(needs)])
+                        need=lambda start: needs[(start // K) % len(needs)],
+                        multi_step=multi_step)
     submitted: list[str] = []
     for op in ops:
         apply(e, op, submitted)
@@ -186,6 +189,84 @@ def test_two_forwards_ahead_decodes_the_same_tokens(tiny_model_dir: Path, algori
     assert runs[2][3] > runs[1][3]  # the extra forwards were run (and counted as such)
 
 
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_two_forwards_a_pass_decode_the_same_tokens(tiny_model_dir: Path, algorithm: str,
+                                                    depth: int) -> None:
+    """Multi-step (two forwards launched over one layout per pass) at bs=1: the tokens, the
+    finish and each block's reported forward count are those of one forward a pass; a block
+    that converged inside a pass took at most one more, no-op forward; the pools are whole."""
+    runs = {}
+    for steps in (1, 2):
+        e = local_engine(tiny_model_dir, algorithm, fdfo=True, mrr=1, depth=depth,
+                         multi_step=steps)
+        e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
+        e.run()
+        final = e.outputs["r"][-1]
+        runs[steps] = (e.tokens("r"), final.finish_reason, final.block_forwards,
+                       e.sched.stats["request_steps"])
+        e.assert_whole()
+    assert runs[2][:3] == runs[1][:3] and len(runs[1][0]) == 100
+    # each block takes at most one more (no-op) forward: one converged inside a pass
+    assert runs[1][3] <= runs[2][3] <= runs[1][3] + len(runs[1][2])
+
+
+@pytest.mark.parametrize("fdfo", [False, True])
+def test_two_forwards_a_pass_keep_the_batch_full(fdfo: bool) -> None:
+    """A queue of requests at 2 running, two forwards a pass: every request decodes the
+    tokens of one forward a pass, and the forwards grow by at most one a block (a block that
+    converged inside a pass waits for its end). Sync lets the waiting requests in at every
+    batch boundary although a pass collects two readouts (the boundary found by the first
+    stays until the requests have joined)."""
+    out, forwards = {}, {}
+    for steps in (1, 2):
+        e = scripted_engine(fdfo=fdfo, mrr=2, pages=128, multi_step=steps,
+                            need=lambda start: 2 + (start // K) % 3)
+        for i in range(8):  # of different lengths: a request finishes while another goes on
+            e.submit(f"q{i}", [1, 2, 3], max_new_tokens=K * (2 + i % 3), ignore_eos=True)
+        e.run()
+        e.assert_whole()
+        out[steps] = {f"q{i}": e.tokens(f"q{i}") for i in range(8)}
+        forwards[steps] = sum(r.forwards for r in e.reports)
+    blocks = sum(2 + i % 3 for i in range(8))
+    assert out[2] == out[1]
+    assert forwards[1] <= forwards[2] <= forwards[1] + blocks
+
+
+def test_sync_boundary_stays_until_the_waiting_requests_join() -> None:
+    """Sync, two forwards a pass (a pass collects two readouts): whenever an advance of a pass
+    found the batch boundary, the requests waiting at the worker have joined by the pass's end
+    (a later readout of the same pass, which finds the next blocks not done, must not take the
+    boundary back)."""
+    e = scripted_engine(fdfo=False, mrr=2, pages=128, multi_step=2,
+                        need=lambda start: 2 + (start // K) % 3)
+    for i in range(8):
+        e.submit(f"q{i}", [1, 2, 3], max_new_tokens=K * (2 + i % 3), ignore_eos=True)
+    w, flow = e.worker, e.worker.flow
+    found: list[bool] = []  # the boundary after each advance of the current pass
+    boundaries, waited = 0, 0
+    advance, iterate = flow.advance, w.iterate
+
+    def recording_advance() -> None:
+        advance()
+        found.append(flow.boundary)
+
+    def checked_iterate(items: list) -> object:
+        nonlocal boundaries, waited
+        found.clear()
+        report = iterate(items)
+        if any(found):
+            boundaries += 1
+            waited += bool(flow.waiting)
+        return report
+
+    flow.advance = recording_advance  # type: ignore[method-assign]
+    w.iterate = checked_iterate  # type: ignore[method-assign]
+    e.run()
+    e.assert_whole()
+    assert boundaries > 8 and waited == 0
+
+
 def test_pipeline_depth_follows_the_hosts_wait() -> None:
     """The adaptive depth (CUDA): two forwards ahead once the host stops waiting for readouts
     (it is the bottleneck), back to one once it waits a millisecond and more on average."""
@@ -203,6 +284,24 @@ def test_pipeline_depth_follows_the_hosts_wait() -> None:
     assert w.depth == 1
 
 
+def test_multi_step_follows_the_hosts_wait() -> None:
+    """Multi-step on auto (CUDA): two forwards a pass once the host stops waiting for
+    readouts, back to one once it waits a millisecond and more on average; the depth stays
+    what was asked."""
+    w = scripted_engine().worker
+    w.adaptive_steps = True
+    assert w.multi_step == 1
+    for _ in range(30):
+        w._adapt(0.0)
+    assert (w.multi_step, w.depth) == (2, 1)
+    for _ in range(3):
+        w._adapt(0.0005)
+    assert w.multi_step == 2
+    for _ in range(30):
+        w._adapt(0.005)
+    assert w.multi_step == 1
+
+
 def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> None:
     from dllm_serve.engine_config import EngineConfig
     from dllm_serve.server_args import ServerArgs
@@ -214,6 +313,19 @@ def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> 
     assert (depth("1"), depth("2"), depth("auto")) == (1, 2, None)
     with pytest.raises(ValueError, match="--dllm-pipeline-depth must be one of 1, 2, auto"):
         depth("3")
+
+
+def test_multi_step_flag_reaches_the_worker_config(tiny_model_dir: Path) -> None:
+    from dllm_serve.engine_config import EngineConfig
+    from dllm_serve.server_args import ServerArgs
+
+    def steps(**kw: str) -> int | None:
+        args = ServerArgs(model_path=str(tiny_model_dir), device="cpu", **kw)
+        return EngineConfig.resolve(args).worker().multi_step
+
+    assert (steps(dllm_multi_step="1"), steps(dllm_multi_step="2"), steps()) == (1, 2, None)
+    with pytest.raises(ValueError, match="--dllm-multi-step must be one of 1, 2, auto"):
+        steps(dllm_multi_step="4")
 
 
 @pytest.mark.parametrize("depth", [1, 2])

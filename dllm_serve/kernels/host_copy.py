@@ -26,8 +26,9 @@ is not its own. The host counts the fetches it queues, eager or replayed.
 Invariants (PublishRing): every `publish` that runs (replayed, or eager) is matched by one
 `take`, in order, after `reset` (which the runner calls once its warm-up and captures, which run
 publishes of their own, are done); at most `slots` publishes are unread at any time (the worker
-has its pipeline depth + 1 in flight). Pinned host memory is mapped into the device's address space
-under CUDA's unified addressing, so the kernel writes it by its host pointer.
+has its pipeline depth + forwards per pass in flight, 4 at most). Pinned host memory is mapped
+into the device's address space under CUDA's unified addressing, so the kernel writes it by its
+host pointer; the host reads it through a numpy view (`take`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class PublishRing:
         self.slots, self.rows, self.width = slots, rows, width
         self.host = torch.zeros(slots, rows, width, dtype=torch.int64,
                                 pin_memory=device.type == "cuda")
+        self.np = self.host.numpy()  # the host's view (a numpy slice costs no torch dispatch)
         self.cursor = torch.zeros(1, dtype=torch.int64, device=device)
         self.next = 0  # the host's count of publishes taken
 
@@ -59,12 +61,12 @@ class PublishRing:
                               self.rows * self.width, SLOTS=self.slots, BLOCK=BLOCK,
                               num_warps=4)
 
-    def take(self, n: int) -> torch.Tensor:
+    def take(self, n: int) -> np.ndarray:
         """The host view (n, width) of the slot the next unread publish writes (valid once
         that publish has run: wait for an event recorded after it)."""
         slot = self.next % self.slots
         self.next += 1
-        return self.host[slot, :n]
+        return self.np[slot, :n]
 
     def reset(self) -> None:
         """Cursor and count back to 0 (the device idle: after warm-up and capture)."""

@@ -34,7 +34,9 @@ class BlockFlow:
         # (`flag`), advance keeps those it leaves candidates (only a refresh or advance can make
         # a request one: blocks are opened and admitted unflagged)
         self.flagged: dict[int, DeviceReq] = {}
-        self.boundary = True  # sync: the last advance retired the whole batch
+        # sync: an advance since the last join retired the whole batch (it stays set until
+        # join lets the waiting requests in: several readouts may be collected in between)
+        self.boundary = True
 
     # ---- the scheduler's changes --------------------------------------------------------
 
@@ -76,7 +78,7 @@ class BlockFlow:
             cands = active if done else [r for r in active if r.blocks[-1].ready]
         if not cands:
             self.flagged.clear()
-            self.boundary = not any_active
+            self.boundary |= not any_active
             return
         p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
                  np.array([len(r.blocks) for r in cands], dtype=np.int64),
@@ -94,7 +96,7 @@ class BlockFlow:
                 self.parked.append(req)  # its next block's pages are not mapped yet
         if self.mode.fdfo:
             self.flagged = {id(r): r for r in cands if r.alive and _candidate(r)}
-        self.boundary = p.boundary or not any_active
+        self.boundary |= p.boundary or not any_active
 
     def join(self) -> None:
         """Admitted requests join, and requests without a block (pages were missing) open

@@ -20,6 +20,16 @@ requests) and one when the device is (the host waits for readouts). A converged 
 takes part in one more forward before it leaves (a no-op: a step changes nothing in a block
 that is done on entry, and the reported forward count is its final one).
 
+Multi-step (--dllm-multi-step; auto by default): the worker launches `multi_step` forwards over
+one layout per pass of its bookkeeping (vLLM's multi-step scheduling), so a host that is slower
+than the device (a small model, many requests) pays its per-pass work (the layout patch, the
+scheduler's messages, the report) once per `multi_step` forwards. Every forward's readout is
+still read, so a block's final forward and its reported counts are what they are with one, but
+a block that converges inside a pass leaves only after the pass (at most `multi_step` - 1 more
+no-op forwards) and new blocks join at the next pass. With auto, on CUDA: two while the host is
+the bottleneck (the readouts are there whenever the host comes for them), one once it waits for
+the device; one elsewhere.
+
 A failure inside one request (non-finite logits, no convergence within the algorithm's step
 bound, an exception in its step) fails that request alone; anything else (a CUDA error, a bug)
 propagates and stops the worker.
@@ -64,8 +74,8 @@ from dllm_serve.model.runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 0.02  # counters reach the scheduler at least this often while busy
-# Pipeline depth (CUDA): the moving average of the host's wait for a readout; under LOW the
-# host is the bottleneck (go to two forwards ahead), over HIGH the device is (back to one).
+# Pipeline depth and multi-step on auto (CUDA): the moving average of the host's wait for a
+# readout; under LOW the host is the bottleneck (go to two), over HIGH the device is (back to one).
 WAIT_LOW_S, WAIT_HIGH_S, WAIT_EMA = 5e-5, 1e-3, 0.2
 CONVERGED, READY, BAD, EDITS = (FLAGS.index(f) for f in ("converged", "ready", "bad", "edits"))
 
@@ -83,11 +93,13 @@ class Launch:
 class Worker:
     def __init__(self, runner: ModelRunner, algo: DllmAlgorithm, mode: RoundMode,
                  tracer: Tracer | None = None, report_every_s: float = REPORT_EVERY_S,
-                 max_prefill_tokens: int = 4096, depth: int | None = None) -> None:
+                 max_prefill_tokens: int = 4096, depth: int | None = None,
+                 multi_step: int | None = 1) -> None:
         """max_prefill_tokens: prefills that arrive together are merged into forwards of at
         most this many tokens (--chunked-prefill-size). depth: forwards kept queued while the
         host reads the oldest back; None: adaptive on CUDA (1 or 2), 1 elsewhere (a forward on
-        the CPU runs while it is launched: nothing to overlap)."""
+        the CPU runs while it is launched: nothing to overlap). multi_step: forwards launched
+        over one layout per pass; None: adaptive on CUDA (1 or 2), 1 elsewhere."""
         self.runner, self.algo, self.mode = runner, algo, mode
         self.k = runner.block_size
         tau = mode.wavefront.token_threshold
@@ -104,9 +116,13 @@ class Worker:
         cuda = runner.device.type == "cuda"
         self.adaptive = depth is None and cuda
         self.depth = depth or 1
-        self.wait_avg = WAIT_HIGH_S  # start at one forward ahead
-        most = 2 if self.adaptive else self.depth  # the deepest this worker goes
-        self.readback = Readback(runner.device, buffers=most + 1)
+        self.adaptive_steps = multi_step is None and cuda
+        self.multi_step = multi_step or 1
+        self.wait_avg = WAIT_HIGH_S  # start at one forward ahead, one forward a pass
+        # readouts in flight at most: the deepest pipeline and the longest pass this worker goes
+        most = (2 if self.adaptive else self.depth) + (2 if self.adaptive_steps else
+                                                       self.multi_step)
+        self.readback = Readback(runner.device, buffers=most)
         self.tracer = tracer
         self.inflight: deque[Launch] = deque()  # oldest first
         self.run: DenoiseRun | None = None
@@ -136,18 +152,18 @@ class Worker:
 
     @torch.inference_mode()
     def iterate(self, items: list[WorkItem]) -> WorkerReport | None:
-        """Apply the scheduler's changes, launch the next forward, read the previous one
-        back; returns a report when there is one to send."""
+        """Apply the scheduler's changes, launch the next forwards (`multi_step` of them over
+        one layout), read the earlier ones back; returns a report when there is one to send."""
         t0 = time.monotonic()
         for item in merge_prefills(items, self.max_prefill_tokens):
             self.apply(item)
         t1 = time.monotonic()
         self.flow.join()
-        launched = self.launch() if self.batch.num_rows else None
-        if launched is not None:
-            self.inflight.append(launched)
+        launches = self.multi_step if self.batch.num_rows else 0
+        for _ in range(launches):
+            self.inflight.append(self.launch())
         t2 = time.monotonic()
-        while self.inflight and (launched is None or len(self.inflight) > self.depth):
+        while self.inflight and (not launches or len(self.inflight) > self.depth):
             self.collect(self.inflight.popleft())
         self.flow.join()
         report = self.report.take(self.idle)
@@ -266,15 +282,17 @@ class Worker:
         return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
 
     def _adapt(self, wait: float) -> None:
-        """Count the wait; on CUDA choose the depth from its moving average (hysteresis)."""
+        """Count the wait; on auto (CUDA) choose the depth and the forwards per pass from its
+        moving average: two once the host stops waiting, one once it waits a millisecond and
+        more (hysteresis in between)."""
         self.wait_s += wait
-        if not self.adaptive:
+        if not (self.adaptive or self.adaptive_steps):
             return
         self.wait_avg += WAIT_EMA * (wait - self.wait_avg)
-        if self.depth == 1 and self.wait_avg < WAIT_LOW_S:
-            self.depth = 2
-        elif self.depth == 2 and self.wait_avg > WAIT_HIGH_S:
-            self.depth = 1
+        pick = 2 if self.wait_avg < WAIT_LOW_S else 1 if self.wait_avg > WAIT_HIGH_S else None
+        if pick is not None:
+            self.depth = pick if self.adaptive else self.depth
+            self.multi_step = pick if self.adaptive_steps else self.multi_step
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k

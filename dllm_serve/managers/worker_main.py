@@ -86,7 +86,8 @@ def unpack(msgs: list[object]) -> list[WorkItem] | None:
 def build_worker(cfg: WorkerConfig) -> Worker:
     runner = ModelRunner(cfg.runner)
     worker = Worker(runner, build_algorithm(cfg.dllm), cfg.mode,  # warms up, captures
-                    max_prefill_tokens=cfg.runner.chunked_prefill_size, depth=cfg.depth)
+                    max_prefill_tokens=cfg.runner.chunked_prefill_size, depth=cfg.depth,
+                    multi_step=cfg.multi_step)
     graphs = runner.graphs
     captured = [] if graphs is None else [b for b in graphs.buckets
                                           if graphs.forwards[b].graph is not None]

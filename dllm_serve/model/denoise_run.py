@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 Hook = Callable[[], None]  # device work queued before every denoise forward (no host sync)
@@ -15,9 +16,9 @@ class DenoiseRun:
     """forward() -> logits (N * K, V) fp32 over the layout's blocks as they are then; step() ->
     the readout (N, width) of forward + the algorithm's greedy step replayed as one captured
     graph, or None when no step was captured for this layout. Outputs stay valid until the
-    next call of either; on CUDA step()'s readout is in pinned host memory, written by the
-    graph (kernels/host_copy.py `PublishRing`): read it once an event recorded after the call
-    has completed (managers/readback.py)."""
+    next call of either; on CUDA step()'s readout is a numpy view of pinned host memory
+    written by the graph (kernels/host_copy.py `PublishRing`): read it once an event recorded
+    after the call has completed (managers/readback.py)."""
 
     forward: Callable[[], torch.Tensor]
-    step: Callable[[], torch.Tensor] | None = None
+    step: Callable[[], torch.Tensor | np.ndarray] | None = None
