@@ -57,12 +57,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def stalls(records: list[dict[str, Any]], factor: float = 3.0,
-           per_kind: bool = False) -> dict[str, Any]:
+def stalls(records: list[dict[str, Any]], factor: float = 3.0, per_kind: bool = False,
+           prefill_factor: float | None = None) -> dict[str, Any]:
     """The median denoise item (a round), the slowest item of any kind, their ratio, and the
     items slower than `factor` x the median round ("slow"); with per_kind, each prefill item
-    is held to `factor` x the median prefill item instead (a prefill of thousands of tokens
-    takes several rounds of a small model's time without any stall)."""
+    is held to `prefill_factor` (default `factor`) x the median prefill item instead (a
+    prefill of thousands of tokens takes several rounds of a small model's time without any
+    stall)."""
     items = [r for r in records if r["kind"] in ("prefill", "denoise")]
     rounds = [r["gpu_ms"] for r in items if r["kind"] == "denoise"]
     if not rounds:
@@ -70,7 +71,7 @@ def stalls(records: list[dict[str, Any]], factor: float = 3.0,
     median = statistics.median(rounds)
     bound = {"denoise": factor * median, "prefill": factor * median}
     if per_kind and any(r["kind"] == "prefill" for r in items):
-        bound["prefill"] = factor * statistics.median(
+        bound["prefill"] = (prefill_factor or factor) * statistics.median(
             r["gpu_ms"] for r in items if r["kind"] == "prefill")
     worst = max(items, key=lambda r: r["gpu_ms"])
     return {"median_round_ms": median, "worst_item_ms": worst["gpu_ms"],

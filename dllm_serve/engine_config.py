@@ -27,7 +27,7 @@ class WorkerConfig:
     mode: RoundMode
     log_level: str = "info"
     depth: int | None = 1  # the worker's pipeline depth; None: adaptive on CUDA
-    multi_step: int | None = None  # forwards per pass of the worker; None: adaptive on CUDA
+    multi_step: int | None = 1  # forwards per pass of the worker; None: adaptive on CUDA
 
 
 @dataclass(frozen=True)

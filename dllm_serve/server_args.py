@@ -52,7 +52,7 @@ class ServerArgs:
         "when the device is). With 2 a finished block takes one extra, no-op forward.",
         choices=PIPELINE_DEPTHS)
     dllm_multi_step: str = _f(
-        "auto", "Forwards the worker launches over one batch layout per pass of its bookkeeping "
+        "1", "Forwards the worker launches over one batch layout per pass of its bookkeeping "
         "(as vLLM's multi-step scheduling): 1, 2, or auto (2 while the host is the bottleneck, "
         "1 when the device is; 1 on the CPU). With 2 a block that finishes inside a pass leaves "
         "after it (at most one extra, no-op forward) and new blocks join at the next pass.",

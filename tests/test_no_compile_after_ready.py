@@ -3,10 +3,13 @@ Triton kernels and CUDA graphs), the worker's warm-up compiles every prefill and
 before it reports ready; then five fresh prompt sets (prompt lengths never seen before, spread
 over many prefill buckets, batch sizes changing as requests finish) are served, and the worker's
 trace (dllm_serve/managers/round_trace.py, read by benchmarks/trace_summary.py) shows no denoise
-item slower than 3x the median round and no prefill item slower than 3x the median prefill: a
+item slower than 3x the median round and no prefill item slower than 5x the median prefill: a
 Triton compile would show up as an item of seconds. (Prefills are held to their own median: on
 the tiny model a merged prefill of ~4k tokens takes ~3x a round of at most 8 blocks with no
-compile at all, 0.82 ms against 0.28 ms at 97c70a4 and 0.84 against 0.24 at c10ec7d.)"""
+compile at all, 0.82 ms against 0.28 ms at 97c70a4 and 0.84 against 0.24 at c10ec7d. And to 5x
+it: the device waits while the host launches a prefill, so its item's device time holds the
+host's launch time and its hiccups: 0.5-1.0 ms items with 0.3-0.8 ms of launch on the H200, a
+1.59 ms item once against a median of ~0.45, benchmarks/results/h200/runtime/README.md run 40.)"""
 
 from __future__ import annotations
 
@@ -43,12 +46,12 @@ def test_no_worker_item_slower_than_3x_the_median_round(tiny_model_dir: Path, tm
         time.sleep(0.5)  # the worker writes its last trace records once idle
     records = read_trace(str(trace), ready, float("inf"), kinds=("prefill", "denoise"))
     assert sum(r["kind"] == "prefill" for r in records) >= SETS
-    found = stalls(records, factor=3.0, per_kind=True)
+    found = stalls(records, factor=3.0, per_kind=True, prefill_factor=5.0)
     print(f"startup {startup['worker_s']:.1f} s (warm-up {startup['warmup_s']:.1f} s); "
           f"median round {found['median_round_ms']:.3f} ms, worst {found['worst_item_kind']} "
           f"{found['worst_item_ms']:.3f} ms ({found['worst_item_ratio']:.2f}x)")
     # and whatever the medians: a compile takes hundreds of rounds, the longest prefill ~3.5
     assert found["worst_item_ratio"] < 10, found
     slow = [(r["kind"], r["rows"], round(r["gpu_ms"], 3)) for r in found["slow"]]
-    assert not slow, f"items slower than 3x their kind's median (median round " \
+    assert not slow, f"items slower than 3x / 5x their kind's median (median round " \
                      f"{found['median_round_ms']:.3f} ms): {slow[:10]}"

@@ -323,7 +323,7 @@ def test_multi_step_flag_reaches_the_worker_config(tiny_model_dir: Path) -> None
         args = ServerArgs(model_path=str(tiny_model_dir), device="cpu", **kw)
         return EngineConfig.resolve(args).worker().multi_step
 
-    assert (steps(dllm_multi_step="1"), steps(dllm_multi_step="2"), steps()) == (1, 2, None)
+    assert (steps(dllm_multi_step="2"), steps(dllm_multi_step="auto"), steps()) == (2, None, 1)
     with pytest.raises(ValueError, match="--dllm-multi-step must be one of 1, 2, auto"):
         steps(dllm_multi_step="4")
 

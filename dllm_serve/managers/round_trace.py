@@ -3,9 +3,10 @@
 With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON lines to FILE:
 - first {"kind": "worker", "cuda_graphs": bool, "graph_buckets": [...]};
 - per device item ("prefill" | "denoise": one forward, with the step for denoise): rows (active
-  blocks), t0 / t1 (time.monotonic() around the host's launch), gpu_ms (device time, from CUDA
-  events around the item; wall time on the CPU) and gap_ms (device idle between the previous
-  item's end and this one's start: CUDA events, so exact; 0 for the first item);
+  blocks; a prefill's: its tokens), t0 / t1 (time.monotonic() around the host's launch), gpu_ms
+  (device time, from CUDA events around the item; wall time on the CPU) and gap_ms (device idle
+  between the previous item's end and this one's start: CUDA events, so exact; 0 for the first
+  item);
 - per loop iteration with work ("host"): t0 / t1 and wait_ms, the part of it the host spent
   blocked on the device (reading a step back), so t1 - t0 - wait_ms is host work; phases_ms
   splits it: applying the scheduler's changes (prefill launches among them), join + launch,

@@ -20,15 +20,16 @@ requests) and one when the device is (the host waits for readouts). A converged 
 takes part in one more forward before it leaves (a no-op: a step changes nothing in a block
 that is done on entry, and the reported forward count is its final one).
 
-Multi-step (--dllm-multi-step; auto by default): the worker launches `multi_step` forwards over
-one layout per pass of its bookkeeping (vLLM's multi-step scheduling), so a host that is slower
-than the device (a small model, many requests) pays its per-pass work (the layout patch, the
-scheduler's messages, the report) once per `multi_step` forwards. Every forward's readout is
-still read, so a block's final forward and its reported counts are what they are with one, but
-a block that converges inside a pass leaves only after the pass (at most `multi_step` - 1 more
-no-op forwards) and new blocks join at the next pass. With auto, on CUDA: two while the host is
-the bottleneck (the readouts are there whenever the host comes for them), one once it waits for
-the device; one elsewhere.
+Multi-step (--dllm-multi-step; 1 by default: 2 and auto measured no reliably faster on an H200,
+runs 38-40 of benchmarks/results/h200/runtime/README.md): the worker launches `multi_step`
+forwards over one layout per pass of its bookkeeping (vLLM's multi-step scheduling), so a host
+that is slower than the device (a small model, many requests) pays its per-pass work (the layout
+patch, the scheduler's messages, the report) once per `multi_step` forwards. Every forward's
+readout is still read, so a block's final forward and its reported counts are what they are with
+one, but a block that converges inside a pass leaves only after the pass (at most `multi_step` -
+1 more no-op forwards) and new blocks join at the next pass. With auto, on CUDA: two while the
+host is the bottleneck (the readouts are there whenever the host comes for them), one once it
+waits for the device; one elsewhere.
 
 A failure inside one request (non-finite logits, no convergence within the algorithm's step
 bound, an exception in its step) fails that request alone; anything else (a CUDA error, a bug)
@@ -181,7 +182,8 @@ class Worker:
             self.flow.map_pages(item.slot, item.first, len(item.pages), self.runner.page_size)
         elif isinstance(item, Prefill):
             self._trace("prefill", lambda: self.runner.prefill(item.slots, item.seg_starts,
-                                                               item.token_ids))
+                                                               item.token_ids),
+                        sum(len(t) for t in item.token_ids))
             self.report.msg.prefills += 1
         elif isinstance(item, Admit):
             self.admit(item)
