@@ -14,6 +14,7 @@ from local_engine import LocalEngine, local_engine, scripted_engine
 
 from dllm_serve.managers.batch_layout import COLUMN_FIELDS, Block, Columns, DeviceReq, Layout
 from dllm_serve.managers.messages import AbortReq, ReqSettings
+from dllm_serve.managers.pacing import Pacing
 
 K = 4
 
@@ -270,36 +271,38 @@ def test_sync_boundary_stays_until_the_waiting_requests_join() -> None:
 def test_pipeline_depth_follows_the_hosts_wait() -> None:
     """The adaptive depth (CUDA): two forwards ahead once the host stops waiting for readouts
     (it is the bottleneck), back to one once it waits a millisecond and more on average."""
-    w = scripted_engine().worker
-    w.adaptive = True
-    assert w.depth == 1
+    p = Pacing(None, 1, cuda=True)
+    assert (p.depth, p.most_in_flight) == (1, 3)
     for _ in range(30):
-        w._adapt(0.0)
-    assert w.depth == 2
+        p.observe(0.0)
+    assert p.depth == 2
     for _ in range(3):
-        w._adapt(0.0005)
-    assert w.depth == 2  # hysteresis: a few half-millisecond waits do not switch back
+        p.observe(0.0005)
+    assert p.depth == 2  # hysteresis: a few half-millisecond waits do not switch back
     for _ in range(30):
-        w._adapt(0.005)
-    assert w.depth == 1
+        p.observe(0.005)
+    assert p.depth == 1
 
 
 def test_multi_step_follows_the_hosts_wait() -> None:
     """Multi-step on auto (CUDA): two forwards a pass once the host stops waiting for
     readouts, back to one once it waits a millisecond and more on average; the depth stays
-    what was asked."""
-    w = scripted_engine().worker
-    w.adaptive_steps = True
-    assert w.multi_step == 1
+    what was asked. On the CPU auto is one a pass whatever the waits."""
+    p = Pacing(1, None, cuda=True)
+    assert (p.multi_step, p.most_in_flight) == (1, 3)
     for _ in range(30):
-        w._adapt(0.0)
-    assert (w.multi_step, w.depth) == (2, 1)
+        p.observe(0.0)
+    assert (p.multi_step, p.depth) == (2, 1)
     for _ in range(3):
-        w._adapt(0.0005)
-    assert w.multi_step == 2
+        p.observe(0.0005)
+    assert p.multi_step == 2
     for _ in range(30):
-        w._adapt(0.005)
-    assert w.multi_step == 1
+        p.observe(0.005)
+    assert p.multi_step == 1
+    cpu = Pacing(None, None, cuda=False)
+    for _ in range(30):
+        cpu.observe(0.0)
+    assert (cpu.depth, cpu.multi_step, cpu.most_in_flight) == (1, 1, 2)
 
 
 def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> None:

@@ -12,24 +12,8 @@ queued, so they retire right after it and their places (the request's next block
 request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
 requests join (dllm/modes.py).
 
-Pipeline depth (--dllm-pipeline-depth; 1 by default, which measured as fast or faster on an
-H200): with 2 the worker keeps two forwards queued instead of one, so its bookkeeping for
-forward k overlaps forwards k + 1 and k + 2; with auto, on CUDA, two while the host is the
-bottleneck (a readout is already there whenever the host comes for it: small models, many
-requests) and one when the device is (the host waits for readouts). A converged block then
-takes part in one more forward before it leaves (a no-op: a step changes nothing in a block
-that is done on entry, and the reported forward count is its final one).
-
-Multi-step (--dllm-multi-step; 1 by default: 2 and auto measured no reliably faster on an H200,
-runs 38-40 of benchmarks/results/h200/runtime/README.md): the worker launches `multi_step`
-forwards over one layout per pass of its bookkeeping (vLLM's multi-step scheduling), so a host
-that is slower than the device (a small model, many requests) pays its per-pass work (the layout
-patch, the scheduler's messages, the report) once per `multi_step` forwards. Every forward's
-readout is still read, so a block's final forward and its reported counts are what they are with
-one, but a block that converges inside a pass leaves only after the pass (at most `multi_step` -
-1 more no-op forwards) and new blocks join at the next pass. With auto, on CUDA: two while the
-host is the bottleneck (the readouts are there whenever the host comes for them), one once it
-waits for the device; one elsewhere.
+How far ahead of its bookkeeping the worker keeps the device (forwards queued while it reads
+the oldest back, forwards launched per pass over one layout) is `Pacing`'s (managers/pacing.py).
 
 A failure inside one request (non-finite logits, no convergence within the algorithm's step
 bound, an exception in its step) fails that request alone; anything else (a CUDA error, a bug)
@@ -62,6 +46,7 @@ from dllm_serve.managers.messages import (
     WorkerReport,
     WorkItem,
 )
+from dllm_serve.managers.pacing import Pacing
 from dllm_serve.managers.prefill_plan import merge_prefills
 from dllm_serve.managers.readback import Pending, Readback
 from dllm_serve.managers.resident_batch import ResidentBatch
@@ -75,9 +60,6 @@ from dllm_serve.model.runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 0.02  # counters reach the scheduler at least this often while busy
-# Pipeline depth and multi-step on auto (CUDA): the moving average of the host's wait for a
-# readout; under LOW the host is the bottleneck (go to two), over HIGH the device is (back to one).
-WAIT_LOW_S, WAIT_HIGH_S, WAIT_EMA = 5e-5, 1e-3, 0.2
 CONVERGED, READY, BAD, EDITS = (FLAGS.index(f) for f in ("converged", "ready", "bad", "edits"))
 
 
@@ -98,9 +80,8 @@ class Worker:
                  multi_step: int | None = 1) -> None:
         """max_prefill_tokens: prefills that arrive together are merged into forwards of at
         most this many tokens (--chunked-prefill-size). depth: forwards kept queued while the
-        host reads the oldest back; None: adaptive on CUDA (1 or 2), 1 elsewhere (a forward on
-        the CPU runs while it is launched: nothing to overlap). multi_step: forwards launched
-        over one layout per pass; None: adaptive on CUDA (1 or 2), 1 elsewhere."""
+        host reads the oldest back; multi_step: forwards launched over one layout per pass;
+        each 1, 2 or None: auto on CUDA, 1 elsewhere (managers/pacing.py)."""
         self.runner, self.algo, self.mode = runner, algo, mode
         self.k = runner.block_size
         tau = mode.wavefront.token_threshold
@@ -115,15 +96,8 @@ class Worker:
                        self.k + len(FLAGS), self.storage.apply_staged,
                        (self.storage.row_req, self.storage.row_start), self.storage.replayed)
         cuda = runner.device.type == "cuda"
-        self.adaptive = depth is None and cuda
-        self.depth = depth or 1
-        self.adaptive_steps = multi_step is None and cuda
-        self.multi_step = multi_step or 1
-        self.wait_avg = WAIT_HIGH_S  # start at one forward ahead, one forward a pass
-        # readouts in flight at most: the deepest pipeline and the longest pass this worker goes
-        most = (2 if self.adaptive else self.depth) + (2 if self.adaptive_steps else
-                                                       self.multi_step)
-        self.readback = Readback(runner.device, buffers=most)
+        self.pacing = Pacing(depth, multi_step, cuda)
+        self.readback = Readback(runner.device, buffers=self.pacing.most_in_flight)
         self.tracer = tracer
         self.inflight: deque[Launch] = deque()  # oldest first
         self.run: DenoiseRun | None = None
@@ -160,11 +134,11 @@ class Worker:
             self.apply(item)
         t1 = time.monotonic()
         self.flow.join()
-        launches = self.multi_step if self.batch.num_rows else 0
+        launches = self.pacing.multi_step if self.batch.num_rows else 0
         for _ in range(launches):
             self.inflight.append(self.launch())
         t2 = time.monotonic()
-        while self.inflight and (not launches or len(self.inflight) > self.depth):
+        while self.inflight and (not launches or len(self.inflight) > self.pacing.depth):
             self.collect(self.inflight.popleft())
         self.flow.join()
         report = self.report.take(self.idle)
@@ -257,7 +231,9 @@ class Worker:
         what must fail, then retire and open blocks as the mode says."""
         t0 = time.monotonic()
         data = launch.readout.get()
-        self._adapt(time.monotonic() - t0)
+        wait = time.monotonic() - t0
+        self.wait_s += wait
+        self.pacing.observe(wait)
         for req in launch.failed:
             self.fail(req, "the decoding algorithm raised an error while stepping this request")
         rows, owners = launch.layout.rows, launch.layout.reqs
@@ -282,19 +258,6 @@ class Worker:
                 notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows),
                                                                   bool, n)
         return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
-
-    def _adapt(self, wait: float) -> None:
-        """Count the wait; on auto (CUDA) choose the depth and the forwards per pass from its
-        moving average: two once the host stops waiting, one once it waits a millisecond and
-        more (hysteresis in between)."""
-        self.wait_s += wait
-        if not (self.adaptive or self.adaptive_steps):
-            return
-        self.wait_avg += WAIT_EMA * (wait - self.wait_avg)
-        pick = 2 if self.wait_avg < WAIT_LOW_S else 1 if self.wait_avg > WAIT_HIGH_S else None
-        if pick is not None:
-            self.depth = pick if self.adaptive else self.depth
-            self.multi_step = pick if self.adaptive_steps else self.multi_step
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k

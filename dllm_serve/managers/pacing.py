@@ -1,0 +1,51 @@
+"""`Pacing`: how far ahead of its bookkeeping the worker keeps the device (managers/worker.py).
+
+Two knobs, each 1 or 2, fixed or chosen on auto (CUDA only; a CPU forward runs while it is
+launched, so there is nothing to overlap):
+- depth (--dllm-pipeline-depth; 1 by default, which measured as fast or faster on an H200):
+  forwards kept queued while the host reads the oldest back. With 2 the host's bookkeeping for
+  forward k overlaps forwards k + 1 and k + 2, and a converged block takes part in one more
+  forward before it leaves (a no-op: a step changes nothing in a block that is done on entry,
+  and the reported forward count is its final one).
+- multi_step (--dllm-multi-step; 1 by default: 2 and auto measured no reliably faster on an
+  H200, runs 38-40 of benchmarks/results/h200/runtime/README.md): forwards launched over one
+  layout per pass of the bookkeeping (vLLM's multi-step scheduling), so a host slower than the
+  device pays its per-pass work (the layout patch, the scheduler's messages, the report) once
+  per `multi_step` forwards. Every forward's readout is still read, so a block's final forward
+  and its reported counts are unchanged, but a block that converges inside a pass leaves only
+  after it (at most `multi_step` - 1 more no-op forwards) and new blocks join at the next pass.
+On auto both follow the moving average of the host's wait for a readout: two once it stays
+under WAIT_LOW_S (the readouts are there whenever the host comes for them: the host is the
+bottleneck, as with a small model and many requests), one once it exceeds WAIT_HIGH_S (the
+device is); hysteresis in between.
+"""
+
+from __future__ import annotations
+
+WAIT_LOW_S, WAIT_HIGH_S, WAIT_EMA = 5e-5, 1e-3, 0.2
+
+
+class Pacing:
+    def __init__(self, depth: int | None, multi_step: int | None, cuda: bool) -> None:
+        """depth / multi_step: 1 or 2, or None: auto on CUDA, 1 elsewhere."""
+        self.auto_depth = depth is None and cuda
+        self.auto_steps = multi_step is None and cuda
+        self.depth = depth or 1
+        self.multi_step = multi_step or 1
+        self.wait_avg = WAIT_HIGH_S  # start at one forward ahead, one forward a pass
+
+    @property
+    def most_in_flight(self) -> int:
+        """The most forwards this worker ever has launched and unread (its readback buffers)."""
+        return ((2 if self.auto_depth else self.depth)
+                + (2 if self.auto_steps else self.multi_step))
+
+    def observe(self, wait: float) -> None:
+        """The host waited `wait` seconds for a readout: on auto, pick the knobs again."""
+        if not (self.auto_depth or self.auto_steps):
+            return
+        self.wait_avg += WAIT_EMA * (wait - self.wait_avg)
+        pick = 2 if self.wait_avg < WAIT_LOW_S else 1 if self.wait_avg > WAIT_HIGH_S else None
+        if pick is not None:
+            self.depth = pick if self.auto_depth else self.depth
+            self.multi_step = pick if self.auto_steps else self.multi_step
