@@ -172,22 +172,26 @@ def test_bs1_with_preemptions_matches_sync(tiny_model_dir: Path, script: list[tu
         e.assert_whole()
 
 
+def bs1_run(model_dir: Path, algorithm: str, depth: int, multi_step: int) -> tuple:
+    """One 100-token FDFO request at bs=1: (tokens, finish reason, each block's reported
+    forwards, the forwards its blocks took part in); then the pools are whole."""
+    e = local_engine(model_dir, algorithm, fdfo=True, mrr=1, depth=depth, multi_step=multi_step)
+    e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
+    e.run()
+    final = e.outputs["r"][-1]
+    e.assert_whole()
+    return (e.tokens("r"), final.finish_reason, final.block_forwards,
+            e.sched.stats["request_steps"])
+
+
 @pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
 def test_two_forwards_ahead_decodes_the_same_tokens(tiny_model_dir: Path, algorithm: str) -> None:
     """The worker's deeper pipeline (two forwards queued, as on a host-bound GPU) at bs=1:
     every block takes one extra, no-op forward after it converged, and the tokens and the
     reported forward counts are those of one forward ahead; then the pools are whole."""
-    runs = {}
-    for depth in (1, 2):
-        e = local_engine(tiny_model_dir, algorithm, fdfo=True, mrr=1, depth=depth)
-        e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
-        e.run()
-        final = e.outputs["r"][-1]
-        runs[depth] = (e.tokens("r"), final.finish_reason, final.block_forwards,
-                       e.sched.stats["request_steps"])
-        e.assert_whole()
-    assert runs[2][:3] == runs[1][:3] and len(runs[1][0]) == 100
-    assert runs[2][3] > runs[1][3]  # the extra forwards were run (and counted as such)
+    one, two = (bs1_run(tiny_model_dir, algorithm, depth, 1) for depth in (1, 2))
+    assert two[:3] == one[:3] and len(one[0]) == 100
+    assert two[3] > one[3]  # the extra forwards were run (and counted as such)
 
 
 @pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
@@ -197,19 +201,10 @@ def test_two_forwards_a_pass_decode_the_same_tokens(tiny_model_dir: Path, algori
     """Multi-step (two forwards launched over one layout per pass) at bs=1: the tokens, the
     finish and each block's reported forward count are those of one forward a pass; a block
     that converged inside a pass took at most one more, no-op forward; the pools are whole."""
-    runs = {}
-    for steps in (1, 2):
-        e = local_engine(tiny_model_dir, algorithm, fdfo=True, mrr=1, depth=depth,
-                         multi_step=steps)
-        e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
-        e.run()
-        final = e.outputs["r"][-1]
-        runs[steps] = (e.tokens("r"), final.finish_reason, final.block_forwards,
-                       e.sched.stats["request_steps"])
-        e.assert_whole()
-    assert runs[2][:3] == runs[1][:3] and len(runs[1][0]) == 100
+    one, two = (bs1_run(tiny_model_dir, algorithm, depth, steps) for steps in (1, 2))
+    assert two[:3] == one[:3] and len(one[0]) == 100
     # each block takes at most one more (no-op) forward: one converged inside a pass
-    assert runs[1][3] <= runs[2][3] <= runs[1][3] + len(runs[1][2])
+    assert one[3] <= two[3] <= one[3] + len(one[2])
 
 
 @pytest.mark.parametrize("fdfo", [False, True])
@@ -268,37 +263,23 @@ def test_sync_boundary_stays_until_the_waiting_requests_join() -> None:
     assert boundaries > 8 and waited == 0
 
 
-def test_pipeline_depth_follows_the_hosts_wait() -> None:
-    """The adaptive depth (CUDA): two forwards ahead once the host stops waiting for readouts
-    (it is the bottleneck), back to one once it waits a millisecond and more on average."""
-    p = Pacing(None, 1, cuda=True)
-    assert (p.depth, p.most_in_flight) == (1, 3)
+@pytest.mark.parametrize("knob", ["depth", "multi_step"])
+def test_pacing_follows_the_hosts_wait(knob: str) -> None:
+    """A knob on auto (CUDA: the pipeline depth, the forwards per pass): two once the host
+    stops waiting for readouts (it is the bottleneck), back to one once it waits a millisecond
+    and more on average; the other knob stays what was asked. On the CPU auto stays one."""
+    p = Pacing(None, 1, cuda=True) if knob == "depth" else Pacing(1, None, cuda=True)
+    other = "multi_step" if knob == "depth" else "depth"
+    assert (getattr(p, knob), p.most_in_flight) == (1, 3)
     for _ in range(30):
         p.observe(0.0)
-    assert p.depth == 2
+    assert (getattr(p, knob), getattr(p, other)) == (2, 1)
     for _ in range(3):
         p.observe(0.0005)
-    assert p.depth == 2  # hysteresis: a few half-millisecond waits do not switch back
+    assert getattr(p, knob) == 2  # hysteresis: a few half-millisecond waits do not switch back
     for _ in range(30):
         p.observe(0.005)
-    assert p.depth == 1
-
-
-def test_multi_step_follows_the_hosts_wait() -> None:
-    """Multi-step on auto (CUDA): two forwards a pass once the host stops waiting for
-    readouts, back to one once it waits a millisecond and more on average; the depth stays
-    what was asked. On the CPU auto is one a pass whatever the waits."""
-    p = Pacing(1, None, cuda=True)
-    assert (p.multi_step, p.most_in_flight) == (1, 3)
-    for _ in range(30):
-        p.observe(0.0)
-    assert (p.multi_step, p.depth) == (2, 1)
-    for _ in range(3):
-        p.observe(0.0005)
-    assert p.multi_step == 2
-    for _ in range(30):
-        p.observe(0.005)
-    assert p.multi_step == 1
+    assert getattr(p, knob) == 1
     cpu = Pacing(None, None, cuda=False)
     for _ in range(30):
         cpu.observe(0.0)
