@@ -51,7 +51,8 @@ from dllm_serve.dllm.algorithms import DenoiseBatch, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.dllm.denoise_step import denoise_step
 from dllm_serve.dllm.modes import RoundMode
-from dllm_serve.layers.moe import Experts, route, sum_logit_parts
+from dllm_serve.layers.moe import Experts
+from dllm_serve.layers.moe_router import route, sum_logit_parts
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.forward_batch import ForwardBatch

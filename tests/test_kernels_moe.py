@@ -22,17 +22,13 @@ from dllm_serve.layers.mlp import swiglu
 from dllm_serve.layers.moe import (
     MOE_BACKENDS,
     Experts,
-    Router,
-    RoutingParams,
     SparseMoeBlock,
     add_in_order,
     moe_reference,
-    route,
     set_moe_backend,
-    split_bf16,
-    sum_logit_parts,
     torch_moe,
 )
+from dllm_serve.layers.moe_router import Router, RoutingParams, route, split_bf16, sum_logit_parts
 from dllm_serve.layers.norm import RMSNorm, rms_norm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -23,7 +23,8 @@ from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.kernels.fused_moe import triton_moe
 from dllm_serve.kernels.step import argmax_confidence
-from dllm_serve.layers.moe import RoutingParams, torch_moe
+from dllm_serve.layers.moe import torch_moe
+from dllm_serve.layers.moe_router import RoutingParams
 from dllm_serve.model.buckets import pick_bucket
 from dllm_serve.model.runner import ModelRunner
 from dllm_serve.server_args import ServerArgs

@@ -16,7 +16,8 @@ from batch_helpers import Segment, make_batch, make_cache
 from naive_llada2 import naive_llada2_logits, naive_route
 
 from dllm_serve.layers.attention import TorchAttention
-from dllm_serve.layers.moe import RoutingParams, moe_reference, route
+from dllm_serve.layers.moe import moe_reference
+from dllm_serve.layers.moe_router import RoutingParams, route
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.loader import load_model

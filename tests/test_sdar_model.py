@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from dllm_serve.dllm.algorithms import build_algorithm
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.layers.attention import TorchAttention
-from dllm_serve.layers.moe import RoutingParams, route
+from dllm_serve.layers.moe_router import RoutingParams, route
 from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.loader import load_model

@@ -15,7 +15,8 @@ import pytest
 import torch
 from naive_llada2 import naive_llada2_logits
 
-from dllm_serve.layers.moe import RoutingParams, moe_dense, moe_reference, route, set_moe_backend
+from dllm_serve.layers.moe import moe_dense, moe_reference, set_moe_backend
+from dllm_serve.layers.moe_router import RoutingParams, route
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.loader import load_model
 from dllm_serve.tools.llada2_format import EOS, MASK, SPECIAL_TOKENS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_serve.layers.moe import Router, route, sum_logit_parts
+from dllm_serve.layers.moe_router import Router, route, sum_logit_parts
 
 
 class ExpertBalancer:

@@ -24,7 +24,7 @@ launches past 512 tokens) each block's N tiles consecutively; either way the blo
 expert (same weight tiles) run side by side and share them through L2, so each selected
 expert's weights come from memory about once per projection. Block-major also reads each
 block's input rows once: N-major re-reads all of them per N tile, from memory once they outgrow
-L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.moe.route` +
+L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.moe_router.route` +
 `moe_reference`.
 """
 
@@ -51,12 +51,10 @@ from dllm_serve.layers.moe import (
     FUSES_SHARED,
     MOE_BACKENDS,
     NormParams,
-    RoutingParams,
     SharedExpert,
     fuses_shared,
-    route,
-    sum_logit_parts,
 )
+from dllm_serve.layers.moe_router import RoutingParams, route, sum_logit_parts
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The MoE router on the device in one launch: scores, grouped top-k, combine weights.
 
-Computes exactly `layers.moe.route` (the oracle) of the logits, which may come as P partial
+Computes exactly `layers.moe_router.route` (the oracle) of the logits, which may come as P partial
 sums (T, P, E) (the Router's split GEMM: P = 3): the kernel adds them in fp32 in part order,
-the order of `layers.moe.sum_logit_parts` (torch's sum over the parts; bit for bit, tested),
+the order of `layers.moe_router.sum_logit_parts` (torch's sum over the parts; bit for bit, tested),
 instead of a reduction launch of its own (~4 us per MoE layer at batch size 1 on an H200).
 Then scores = sigmoid(logits) (or softmax); selection ranks scores + expert_bias, limited to
 each token's `topk_group` best groups (a group's score is the sum of its two best biased
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
-from dllm_serve.layers.moe import RoutingParams
+from dllm_serve.layers.moe_router import RoutingParams
 
 GPU_TOKENS_PER_PROGRAM = 1
 GPU_WARPS = 1
@@ -43,7 +43,7 @@ def fused_route(logits: torch.Tensor, expert_bias: torch.Tensor | None, p: Routi
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (T, E), or (T, P, E) partial logits (fp32 when P > 1), expert_bias (E,) or None
     -> topk_ids (T, K) int64, topk_weights (T, K) fp32; equal to
-    `layers.moe.route(sum_logit_parts(logits))`."""
+    `layers.moe_router.route(sum_logit_parts(logits))`."""
     check_device(logits, "fused_route")
     parts = (logits if logits.dim() == 3 else logits[:, None]).contiguous()  # (T, P, E)
     t, num_parts, e = parts.shape

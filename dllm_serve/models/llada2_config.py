@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dllm_serve.layers.moe import RoutingParams
+from dllm_serve.layers.moe_router import RoutingParams
 from dllm_serve.models.decoder import DecoderSpec
 
 # LLaDA2MoeConfig class defaults, used when config.json lacks the key.

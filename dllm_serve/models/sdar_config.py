@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dllm_serve.layers.moe import RoutingParams
+from dllm_serve.layers.moe_router import RoutingParams
 from dllm_serve.models.decoder import DecoderSpec
 
 HF_DEFAULTS: dict[str, Any] = {
