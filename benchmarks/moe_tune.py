@@ -13,7 +13,7 @@ and stages, then warps x stages at the best tile, then both program orders at th
 launch the compiler or the device refuses is recorded with its error. Per kernel and size it
 prints the best launch, its time and the bytes floor (the touched experts' weights over
 --bandwidth), then the whole `fused_experts` call under the best launches against
-DEFAULT_LAUNCH, and a MOE_LAUNCHES literal to paste into kernels/fused_moe.py. On the CPU it
+DEFAULT_LAUNCH, and a MOE_LAUNCHES literal to paste into kernels/moe_launch.py. On the CPU it
 runs only under TRITON_INTERPRET=1 (a smoke test at --preset tiny; the times mean nothing
 there).
 """
@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 from benchmarks.common import write_json
 from benchmarks.round_roofline import time_ms
 from dllm_serve.kernels import fused_moe as fm
-from dllm_serve.kernels.fused_moe import DEFAULT_LAUNCH, MoeLaunch
+from dllm_serve.kernels.moe_launch import DEFAULT_LAUNCH, MoeLaunch
 from dllm_serve.kernels.runtime import interpreted
 from dllm_serve.tools.tiny_checkpoint import checkpoint_config, preset_arch
 
@@ -210,7 +210,7 @@ def summarize(ns: argparse.Namespace, case: Case, rows: list[dict[str, Any]]) ->
 
 
 def table_literal(summaries: list[dict[str, Any]], top_k: int) -> str:
-    """MOE_LAUNCHES rows for kernels/fused_moe.py: bound T * top_k per measured T, the last
+    """MOE_LAUNCHES rows for kernels/moe_launch.py: bound T * top_k per measured T, the last
     row open-ended; a size with no valid launch keeps DEFAULT_LAUNCH."""
     lines = ["MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = ("]
     for i, s in enumerate(summaries):

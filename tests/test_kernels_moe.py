@@ -6,15 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_serve.kernels.fused_moe import (
-    MOE_LAUNCHES,
-    MoeLaunch,
-    choose_moe_launches,
-    down_proj,
-    fused_experts,
-    triton_moe,
-)
+from dllm_serve.kernels.fused_moe import down_proj, fused_experts, triton_moe
 from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
+from dllm_serve.kernels.moe_launch import MOE_LAUNCHES, MoeLaunch, choose_moe_launches
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_sum import sum_choices
 from dllm_serve.kernels.norm import fused_rms_norm
@@ -510,13 +504,8 @@ def test_a_launch_too_big_for_the_device_falls_back_to_the_default() -> None:
     reruns with DEFAULT_LAUNCH and is remembered; any other launch error propagates."""
     from triton.runtime.errors import OutOfResources
 
-    from dllm_serve.kernels.fused_moe import (
-        _TOO_BIG,
-        DEFAULT_LAUNCH,
-        MoeLaunch,
-        _run_fitting,
-        fell_back,
-    )
+    from dllm_serve.kernels.fused_moe import _TOO_BIG, _run_fitting, fell_back
+    from dllm_serve.kernels.moe_launch import DEFAULT_LAUNCH, MoeLaunch
 
     big = MoeLaunch(block_n=256, block_k=256, num_warps=8, num_stages=5)
     ran: list[MoeLaunch] = []

@@ -3,9 +3,10 @@
 - block_attention / triton_attention: block-diffusion paged attention (`--attention-backend
   triton`); oracle `layers.attention.TorchAttention`.
 - moe_route, moe_sort, fused_moe, moe_sum: device routing (summing the router's partial logits
-  in the kernel), expert-sorted blocks (two or three short launches), grouped GEMMs and the
-  weighted choice sum with the layer's addends and next norm (`--moe-backend triton`); oracles
-  `layers.moe_router.route`, `moe_align.align_by_expert` and `moe_reference`.
+  in the kernel), expert-sorted blocks (two or three short launches), grouped GEMMs (their
+  launch table: moe_launch) and the weighted choice sum with the layer's addends and next
+  norm (`--moe-backend triton`); oracles `layers.moe_router.route`,
+  `moe_align.align_by_expert` and `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
 - lm_head: the LM head's GEMM with that argmax and confidence in its epilogue (no logits

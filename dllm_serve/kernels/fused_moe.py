@@ -17,8 +17,9 @@ blocks (every token, rows A .. A + T of h and y) follow the routed blocks in the
 launches, and its rows are the first addend of the sum. That is two kernels fewer per MoE
 layer than its own GEMMs and activation (at a denoise round's few rows each such GEMM costs
 its launch latency, ~5 us on an H200, more than its bytes).
-Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES by the number
-of assignments (benchmarks/moe_tune.py measures the candidates).
+Each GEMM's tile width, reduction step, warps and stages come from MOE_LAUNCHES
+(kernels/moe_launch.py) by the number of assignments (benchmarks/moe_tune.py measures the
+candidates).
 Program ids run the blocks of one N tile consecutively, or (`MoeLaunch.block_major`, the
 launches past 512 tokens) each block's N tiles consecutively; either way the blocks of one
 expert (same weight tiles) run side by side and share them through L2, so each selected
@@ -31,7 +32,6 @@ L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -39,6 +39,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from dllm_serve.kernels.moe_align import ExpertBlocks, align_by_expert, choose_block_m
+from dllm_serve.kernels.moe_launch import DEFAULT_LAUNCH, MoeLaunch, choose_moe_launches
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
@@ -56,61 +57,9 @@ from dllm_serve.layers.moe import (
 )
 from dllm_serve.layers.moe_router import RoutingParams, route, sum_logit_parts
 
-
-@dataclass(frozen=True)
-class MoeLaunch:
-    """Output columns (block_n) and reduction step (block_k) per program, warps and pipeline
-    stages of one grouped-GEMM launch, and the programs' order: `block_major` runs a block's
-    N tiles at consecutive program ids (the block's input rows read once through L2), else
-    one N tile's blocks (each N tile re-reads every block's input rows, which at thousands of
-    rows no longer stay in L2). Any values are correct (loads and stores are masked); they
-    only change speed."""
-
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    block_major: bool = False
-
-
 # The kernels address rows of x, h and y with int32 offsets: one call takes at most this many
 # elements in each (fused_experts runs more tokens than that in parts)
 MAX_ELEMENTS = 2**31 - 1
-DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
-
-# The launch table, the one place to edit after benchmarks/moe_tune.py (which prints rows in
-# this form): (most assignments T * top_k, up launch, down launch), the first row whose bound
-# holds a batch's assignments. Assignments are fixed per CUDA-graph bucket, so each bucket has
-# its launches. Measured at LLaDA2.0-mini's expert shapes on an H200 (benchmarks/results/h200/
-# gpupath/moe_tune_*.json; T = 512 .. 2048 at choose_block_m's rows, moe_tune_block_m_*.json):
-# 2-10% per GEMM over the default launch. Block-major past T = 512, i.e. the denoise buckets
-# of 24 blocks and more and prefill chunks past 512 tokens (moe_tune_block_major_21c82dc.json:
-# down 178 against 214 us a layer at T = 2048, 147-155 against 161-167 at 1024; in rounds
-# B = 32 / 64 0.2-0.6 ms faster, B = 16 equal, B = 1 / 4 0.1-0.2 ms slower: roofline_ab_block_
-# major_21c82dc.json; B = 24 not measured). A launch that does not fit the device's shared
-# memory at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (_run_fitting).
-MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
-    (256,  # T = 32: up, down
-     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=4),
-     MoeLaunch(block_n=256, block_k=64, num_warps=4, num_stages=3)),
-    (1024,  # T = 128
-     MoeLaunch(block_n=128, block_k=128, num_warps=8, num_stages=3),
-     MoeLaunch(block_n=128, block_k=128, num_warps=4, num_stages=4)),
-    (4096,  # T = 512 (32 rows a block)
-     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3),
-     MoeLaunch(block_n=64, block_k=128, num_warps=8, num_stages=3)),
-    (8192,  # T = 1024 (64 rows)
-     MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True),
-     MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True)),
-    (1 << 30,  # T = 2048 and more (64 rows)
-     MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True),
-     MoeLaunch(block_n=128, block_k=64, num_warps=8, num_stages=3, block_major=True)),
-)
-
-
-def choose_moe_launches(num_assignments: int) -> tuple[MoeLaunch, MoeLaunch]:
-    """(up launch, down launch) from MOE_LAUNCHES for T * top_k assignments."""
-    return next((up, down) for bound, up, down in MOE_LAUNCHES if num_assignments <= bound)
 
 
 FUSES_SHARED.add("triton")  # fused_experts computes a shared expert among the routed ones
