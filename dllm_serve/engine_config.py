@@ -85,9 +85,8 @@ class EngineConfig:
             max_running_requests=a.max_running_requests,
             cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks,
             chunked_prefill_size=a.chunked_prefill_size)
-        depth = None if a.dllm_pipeline_depth == "auto" else int(a.dllm_pipeline_depth)
-        steps = None if a.dllm_multi_step == "auto" else int(a.dllm_multi_step)
-        return WorkerConfig(runner, self.dllm, self.mode, a.log_level, depth, steps)
+        return WorkerConfig(runner, self.dllm, self.mode, a.log_level,
+                            _pacing(a.dllm_pipeline_depth), _pacing(a.dllm_multi_step))
 
     def scheduler(self) -> SchedulerProcConfig:
         a = self.args
@@ -99,3 +98,8 @@ class EngineConfig:
             random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size,
             radix_cache=not a.disable_radix_cache)
         return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level)
+
+
+def _pacing(value: str) -> int | None:
+    """A pacing flag's value ("1", "2" or "auto") -> the worker's int, None for auto."""
+    return None if value == "auto" else int(value)

@@ -18,8 +18,8 @@ LOAD_FORMATS = ("auto", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-PIPELINE_DEPTHS = ("1", "2", "auto")
-MULTI_STEPS = ("1", "2", "auto")
+# the worker's pacing knobs (--dllm-pipeline-depth, --dllm-multi-step; managers/pacing.py)
+PACING = ("1", "2", "auto")
 
 
 def _f(default: Any, help: str, **extra: Any) -> Any:
@@ -50,13 +50,13 @@ class ServerArgs:
         "1", "Forwards the worker keeps queued on the GPU while it reads the oldest back: 1, 2, or "
         "auto (2 while the host is the bottleneck, as with a small model and many requests; 1 "
         "when the device is). With 2 a finished block takes one extra, no-op forward.",
-        choices=PIPELINE_DEPTHS)
+        choices=PACING)
     dllm_multi_step: str = _f(
         "1", "Forwards the worker launches over one batch layout per pass of its bookkeeping "
         "(as vLLM's multi-step scheduling): 1, 2, or auto (2 while the host is the bottleneck, "
         "1 when the device is; 1 on the CPU). With 2 a block that finishes inside a pass leaves "
         "after it (at most one extra, no-op forward) and new blocks join at the next pass.",
-        choices=MULTI_STEPS)
+        choices=PACING)
     dllm_spawn_threshold: float = _f(
         0.6, "Wavefront: open the next block when this share of the frontier block's masked "
         "positions is confident.")
@@ -168,8 +168,7 @@ class ServerArgs:
                "--no-dllm-fdfo")
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS),
                               ("load_format", LOAD_FORMATS),
-                              ("dllm_pipeline_depth", PIPELINE_DEPTHS),
-                              ("dllm_multi_step", MULTI_STEPS)):
+                              ("dllm_pipeline_depth", PACING), ("dllm_multi_step", PACING)):
             value = getattr(self, name)
             _check(value in allowed, f"--{name.replace('_', '-')} must be one of "
                    f"{', '.join(allowed)}, got {value!r}")

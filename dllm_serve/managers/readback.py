@@ -1,10 +1,9 @@
 """`Readback`: copy a step's readout to the host without making the host wait for it.
 
 On CUDA the copy goes into one of a ring of pinned buffers (forwards are launched before the
-previous ones' readouts are read: the worker's pipeline depth + forwards per pass in flight
-at most) and an
-event marks its end; `Pending.get`
-waits for that event only. On the CPU the readout is copied at once (it may live in a
+previous ones' readouts are read: the worker's pipeline depth + forwards per pass in flight at
+most) and an event, from a ring of as many, marks its end; `Pending.get` waits for that event
+only. On the CPU the readout is copied at once (it may live in a
 static buffer that the next forward, launched before it is read, rewrites).
 """
 
