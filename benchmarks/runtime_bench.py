@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompts-per-slot", type=int, default=1,
                    help="P x C prompts per run, at most C in flight (default 1: C at once)")
-    p.add_argument("--pipeline-depth", default="1", choices=["1", "2", "auto"],
+    p.add_argument("--pipeline-depth", default="auto", choices=["1", "2", "auto"],
                    help="the worker's --dllm-pipeline-depth in every setting")
     p.add_argument("--multi-step", default="1", choices=["1", "2", "auto"],
                    help="the worker's --dllm-multi-step in every setting")

@@ -7,6 +7,10 @@ previous item's end), both from CUDA events, so the device timeline of a window 
 span = sum of gpu_ms + sum of gap_ms (the first item's gap excluded: it reaches back before the
 window). busy_fraction = gpu time / span, idle_fraction = gaps / span. Host records give the
 worker loop's host work per iteration (its time minus the time it waited for the device).
+GC records (the cyclic collector's pauses of the worker's host, each inside some iteration)
+give its time per forward and its longest pause. `long_gap_fraction`: the part of the span
+idle in gaps over LONG_GAP_MS (the host stalled) rather than in the short ones (the host a
+little behind every forward).
 `stalls` finds items far slower than the median round (a Triton compile inside serving shows up
 as an item of seconds): worst_item_ratio = the slowest item's gpu_ms / the median denoise item's.
 """
@@ -17,9 +21,14 @@ import json
 import statistics
 from typing import Any
 
+LONG_GAP_MS = 0.5
+
+
+KINDS = ("prefill", "denoise", "host", "gc")
+
 
 def read_trace(path: str, start: float, end: float,
-               kinds: tuple[str, ...] = ("prefill", "denoise", "host")) -> list[dict[str, Any]]:
+               kinds: tuple[str, ...] = KINDS) -> list[dict[str, Any]]:
     """The records of `kinds` whose host interval lies inside [start, end] (monotonic s)."""
     with open(path) as f:
         records = [json.loads(line) for line in f if line.strip()]
@@ -39,6 +48,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     n = max(1, len(denoise))
     phases = [sum(r.get("phases_ms", [0.0] * 3)[i] for r in host) for i in range(3)]
     messages = host_ms - sum(phases) + sum(r["wait_ms"] for r in host)
+    gaps = [r["gap_ms"] for r in items[1:]]
+    pauses = [1e3 * (r["t1"] - r["t0"]) for r in records if r["kind"] == "gc"]
     return {
         "span_s": span_ms / 1e3, "forwards": len(denoise), "prefills": len(items) - len(denoise),
         "forwards_per_s": 1e3 * len(denoise) / span_ms if span_ms > 0 else 0.0,
@@ -46,6 +57,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
         "idle_fraction": gap_ms / span_ms if span_ms > 0 else 0.0,
         "forward_ms_mean": sum(r["gpu_ms"] for r in denoise) / n,
         "gap_ms_mean": gap_ms / max(1, len(items) - 1),
+        "gap_ms_max": max(gaps, default=0.0),
+        "long_gap_fraction": (sum(g for g in gaps if g > LONG_GAP_MS) / span_ms
+                              if span_ms > 0 else 0.0),
+        "gc_ms_per_forward": sum(pauses) / n, "gc_pause_ms_max": max(pauses, default=0.0),
+        "gc_collections": len(pauses),
         "rows_mean": sum(r["rows"] for r in denoise) / n,
         "host_ms_per_forward": host_ms / n,
         # host_ms_per_forward split: changes (prefill launches among them), launch, collect

@@ -26,7 +26,7 @@ class WorkerConfig:
     dllm: DllmConfig
     mode: RoundMode
     log_level: str = "info"
-    depth: int | None = 1  # the worker's pipeline depth; None: adaptive on CUDA
+    depth: int | None = None  # the worker's pipeline depth; None: adaptive on CUDA
     multi_step: int | None = 1  # forwards per pass of the worker; None: adaptive on CUDA
 
 

@@ -128,9 +128,11 @@ def test_trace_file_is_written_by_the_worker(no_weights_dir: Path, tmp_path: Pat
     records = read_trace(str(trace), 0.0, float("inf"))
     header = read_trace(str(trace), 0.0, float("inf"), kinds=("worker",))
     assert header[0]["cuda_graphs"] is False  # the CPU never captures
-    assert {r["kind"] for r in records} == {"prefill", "denoise", "host"}
+    # the GC's collections, when one ran, are records too
+    assert {"prefill", "denoise", "host"} <= {r["kind"] for r in records} <= {
+        "prefill", "denoise", "host", "gc"}
     assert all(r["t1"] >= r["t0"] for r in records)
-    items = [r for r in records if r["kind"] != "host"]
+    items = [r for r in records if r["kind"] in ("prefill", "denoise")]
     assert all(r["gpu_ms"] > 0 and r["gap_ms"] >= 0 for r in items)
     assert sum(r["kind"] == "prefill" for r in items) == 1
     assert summarize(records)["forwards"] == sum(r["kind"] == "denoise" for r in items)

@@ -3,6 +3,7 @@ loop, in order, every one of them, and read back by benchmarks/trace_summary.py.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from pathlib import Path
@@ -54,3 +55,26 @@ def test_items_are_timed_in_batches_and_all_written_on_settle(tmp_path: Path,
     assert summary["busy_fraction"] + summary["idle_fraction"] == pytest.approx(1.0)
     assert summary["rows_mean"] == pytest.approx(sum(r["rows"] for r in items
                                                      if r["kind"] == "denoise") / 6)
+
+
+def test_collections_are_traced_while_the_tracer_lives(tmp_path: Path) -> None:
+    """A collection of the cyclic GC is one "gc" record (generation, interval, objects
+    collected) that summarize counts; a tracer that is gone records nothing (its hook holds
+    it weakly)."""
+    path = tmp_path / "trace.jsonl"
+    tracer = Tracer(str(path), torch.device("cpu"), {})
+    tracer.run("denoise", lambda: None, rows=1)
+    t0 = time.monotonic()
+    gc.collect()
+    tracer.settle()
+    pauses = read_trace(str(path), t0, time.monotonic(), kinds=("gc",))
+    assert [r["gen"] for r in pauses] == [2]
+    assert pauses[0]["t1"] >= pauses[0]["t0"] >= t0 and pauses[0]["collected"] >= 0
+    summary = summarize(read_trace(str(path), 0.0, time.monotonic()))
+    assert summary["gc_collections"] == 1
+    assert summary["gc_pause_ms_max"] == pytest.approx(
+        1e3 * (pauses[0]["t1"] - pauses[0]["t0"]))
+    del tracer
+    gc.collect()  # the tracer itself is gone before this collection
+    assert sum(r["kind"] == "gc" for r in records(path)) == 1
+

@@ -269,6 +269,7 @@ def test_pacing_follows_the_hosts_wait(knob: str) -> None:
     stops waiting for readouts (it is the bottleneck), back to one once it waits a millisecond
     and more on average; the other knob stays what was asked. On the CPU auto stays one."""
     p = Pacing(None, 1, cuda=True) if knob == "depth" else Pacing(1, None, cuda=True)
+    p.retired([26] * 100)  # long blocks: depth 2 pays (see the next test)
     other = "multi_step" if knob == "depth" else "depth"
     assert (getattr(p, knob), p.most_in_flight) == (1, 3)
     for _ in range(30):
@@ -286,6 +287,39 @@ def test_pacing_follows_the_hosts_wait(knob: str) -> None:
     assert (cpu.depth, cpu.multi_step, cpu.most_in_flight) == (1, 1, 2)
 
 
+def test_auto_depth_needs_long_blocks() -> None:
+    """Auto depth stays 1 while the retired blocks are short (its extra forward a block would
+    cost more than the idle it saves), goes to 2 once they are long and the host is the
+    bottleneck, and back to 1 when the blocks get short again, the host still the bottleneck;
+    multi-step on auto follows the wait alone."""
+    p = Pacing(None, None, cuda=True)
+    for _ in range(30):
+        p.observe(0.0)
+        p.retired([3, 4])
+    assert (p.depth, p.multi_step) == (1, 2)
+    for _ in range(60):
+        p.retired([26])
+        p.observe(0.0)
+    assert (p.depth, p.multi_step) == (2, 2)
+    for _ in range(60):
+        p.retired([3])
+        p.observe(0.0)
+    assert (p.depth, p.multi_step) == (1, 2)
+
+
+def test_auto_depth_sees_the_blocks_that_retire(tiny_model_dir: Path) -> None:
+    """With auto depth the worker hands Pacing every retired block's forward count: those the
+    scheduler reports for the request, in order (auto is CUDA's; forced on here)."""
+    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=1, depth=1, multi_step=1)
+    seen: list[int] = []
+    e.worker.pacing.auto_depth = True
+    e.worker.pacing.retired = seen.extend  # type: ignore[method-assign]
+    e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
+    e.run()
+    assert seen == e.outputs["r"][-1].block_forwards and len(seen) >= 3
+    e.assert_whole()
+
+
 def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> None:
     from dllm_serve.engine_config import EngineConfig
     from dllm_serve.server_args import ServerArgs
@@ -295,6 +329,8 @@ def test_pipeline_depth_flag_reaches_the_worker_config(tiny_model_dir: Path) -> 
         return EngineConfig.resolve(args).worker().depth
 
     assert (depth("1"), depth("2"), depth("auto")) == (1, 2, None)
+    default = ServerArgs(model_path=str(tiny_model_dir), device="cpu")
+    assert EngineConfig.resolve(default).worker().depth is None  # auto (1 on the CPU)
     with pytest.raises(ValueError, match="--dllm-pipeline-depth must be one of 1, 2, auto"):
         depth("3")
 

@@ -7,6 +7,8 @@ With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON line
   (device time, from CUDA events around the item; wall time on the CPU) and gap_ms (device idle
   between the previous item's end and this one's start: CUDA events, so exact; 0 for the first
   item);
+- per collection of the cyclic garbage collector ("gc"): gen, t0 / t1, collected (a pause
+  of the host inside whatever it was doing);
 - per loop iteration with work ("host"): t0 / t1 and wait_ms, the part of it the host spent
   blocked on the device (reading a step back), so t1 - t0 - wait_ms is host work; phases_ms
   splits it: applying the scheduler's changes (prefill launches among them), join + launch,
@@ -19,9 +21,11 @@ readers are in benchmarks/trace_summary.py.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -51,6 +55,8 @@ class Tracer:
         # starts once the engine is up finds the header (the loop's first settle may come later)
         self._encode()
         self.out.flush()
+        self.gc_t0 = 0.0
+        gc.callbacks.append(_gc_hook(weakref.ref(self)))
 
     @staticmethod
     def from_env(device: torch.device, header: dict[str, Any]) -> Tracer | None:
@@ -81,6 +87,13 @@ class Tracer:
         worker's split of it (Worker.phase_s: changes, launch, collect incl. the wait)."""
         self._write({"kind": "host", "t0": t0, "t1": t1, "wait_ms": 1e3 * wait_s,
                      "phases_ms": [1e3 * p for p in phases_s]})
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.gc_t0 = time.monotonic()
+        else:
+            self._write({"kind": "gc", "gen": info["generation"], "t0": self.gc_t0,
+                         "t1": time.monotonic(), "collected": info["collected"]})
 
     def _mark(self) -> Any:
         if not self.cuda:
@@ -114,3 +127,15 @@ class Tracer:
     def _encode(self) -> None:
         self.out.write("".join(json.dumps(r) + "\n" for r in self.records))
         self.records = []
+
+
+def _gc_hook(tracer: weakref.ref[Tracer]) -> Callable[[str, dict[str, int]], None]:
+    """A gc callback that times collections into the tracer while it lives (a weak reference:
+    the hook alone never keeps a tracer and its file alive)."""
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        t = tracer()
+        if t is not None:
+            t._on_gc(phase, info)
+
+    return hook

@@ -240,7 +240,10 @@ class Worker:
         for i in self._notable(launch, data):
             if rows[i].alive:
                 self._refresh(rows[i], owners[i], data[i], int(launch.steps[i]))
+        before = len(self.report.retired)
         self.flow.advance()
+        if self.pacing.auto_depth and len(self.report.retired) > before:
+            self.pacing.retired([b.final_step for _, b, _ in self.report.retired[before:]])
 
     def _notable(self, launch: Launch, data: np.ndarray) -> list[int]:
         """The rows a readout `data` (N, K + 5) says something new about: bad, at the step
