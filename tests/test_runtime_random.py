@@ -438,3 +438,44 @@ def test_columns_set_writes_every_column_as_of_does() -> None:
     fresh = Columns.of([other, req], [old, block])
     for name in COLUMN_FIELDS:
         assert getattr(cols, name) == getattr(fresh, name), name
+
+
+def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_dir: Path) -> None:
+    """With blocks on the device the worker launches first and applies the scheduler's other
+    changes while the forward runs: a request admitted then joins the next launch. A leading
+    run of AddPages is applied before the launch (a parked request may open a block on them);
+    an idle worker applies everything and launches what it was given at once."""
+    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=2, depth=1, multi_step=1)
+    w = e.worker
+    events: list[tuple[str, object]] = []
+    apply, launch = w.apply, w.launch
+
+    def logged_apply(item: object) -> None:
+        events.append(("apply", type(item).__name__))
+        apply(item)  # type: ignore[arg-type]
+
+    def logged_launch():  # type: ignore[no-untyped-def]
+        out = launch()
+        events.append(("launch", sorted(r.uid for r in out.layout.reqs if not r.hole)))
+        return out
+
+    w.apply, w.launch = logged_apply, logged_launch  # type: ignore[method-assign]
+    e.submit("a", list(range(5, 25)), max_new_tokens=64, ignore_eos=True)
+    e.step()  # idle worker: a's pages, prefill and admission, then a's first forward
+    kinds = [k for k, _ in events]
+    assert kinds.index("launch") == len(kinds) - 1 and ("apply", "Admit") in events
+    (a,) = events[-1][1]  # type: ignore[misc]
+    e.step()
+    events.clear()
+    e.submit("b", list(range(30, 50)), max_new_tokens=64, ignore_eos=True)
+    e.step()
+    names = [v if k == "apply" else "launch" for k, v in events]
+    at = names.index("launch")
+    assert names[:at] == ["AddPages"] and "Admit" in names[at:]
+    assert events[at][1] == [a]  # b is not in this forward ...
+    events.clear()
+    e.step()
+    assert events[0] == ("launch", sorted([a, a + 1]))  # ... but in the next
+    e.run()
+    assert {o[-1].completion_tokens for o in e.outputs.values()} == {64}
+    e.assert_whole()

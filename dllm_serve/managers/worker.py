@@ -1,7 +1,7 @@
 """The worker: owns the device and runs one forward loop that never waits for the scheduler.
 
-    loop: take changes -> launch forward k + step -> read step k-1 back -> retire / open
-          blocks (managers/block_flow.py) -> report what finished -> go on
+    loop: launch forward k + step -> apply the scheduler's changes -> read step k-1 back ->
+          retire / open blocks (managers/block_flow.py) -> report what finished -> go on
 
 The running batch lives on the device (`ResidentBatch`); the scheduler sends only changes
 (pages, prefill, admissions, releases, preemptions) and receives only results (retired blocks,
@@ -10,7 +10,9 @@ the device always has the next forward queued while the host does its bookkeepin
 host learns from step k is which blocks converged: their final forward is k + 1, already
 queued, so they retire right after it and their places (the request's next block, a new
 request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
-requests join (dllm/modes.py).
+requests join (dllm/modes.py). The scheduler's changes are applied after the launch, while
+forwards k - 1 and k are queued (page mappings that come first excepted: see `iterate`), so
+their host work never holds the next forward back; what they admit joins forward k + 1.
 
 How far ahead of its bookkeeping the worker keeps the device (forwards queued while it reads
 the oldest back, forwards launched per pass over one layout) is `Pacing`'s (managers/pacing.py).
@@ -128,25 +130,43 @@ class Worker:
     @torch.inference_mode()
     def iterate(self, items: list[WorkItem]) -> WorkerReport | None:
         """Apply the scheduler's changes, launch the next forwards (`multi_step` of them over
-        one layout), read the earlier ones back; returns a report when there is one to send."""
+        one layout), read the earlier ones back; returns a report when there is one to send.
+
+        With blocks on the device the forwards are launched first, over the layout as it is
+        (plus the blocks that a leading run of AddPages lets open: cheap, and a parked
+        request waits for them), and the other changes are applied while they run: their
+        host work (admissions, prefill launches, releases) then overlaps two queued forwards
+        instead of delaying the next, and what they admit joins at the next launch."""
         t0 = time.monotonic()
-        for item in merge_prefills(items, self.max_prefill_tokens):
+        head = _leading_pages(items)
+        for item in items[:head]:
             self.apply(item)
         t1 = time.monotonic()
-        self.flow.join()
-        launches = self.pacing.multi_step if self.batch.num_rows else 0
-        for _ in range(launches):
-            self.inflight.append(self.launch())
+        early = self._launch()
         t2 = time.monotonic()
+        for item in merge_prefills(items[head:], self.max_prefill_tokens):
+            self.apply(item)
+        t3 = time.monotonic()
+        launches = early or self._launch()  # an idle worker runs what it was just given
+        t4 = time.monotonic()
         while self.inflight and (not launches or len(self.inflight) > self.pacing.depth):
             self.collect(self.inflight.popleft())
         self.flow.join()
         report = self.report.take(self.idle)
         phases = self.phase_s
-        phases[0] += t1 - t0
-        phases[1] += t2 - t1
-        phases[2] += time.monotonic() - t2
+        phases[0] += (t1 - t0) + (t3 - t2)
+        phases[1] += (t2 - t1) + (t4 - t3)
+        phases[2] += time.monotonic() - t4
         return report
+
+    def _launch(self) -> int:
+        """Let the waiting requests join, then queue `multi_step` forwards over the layout if
+        it has blocks; returns how many were launched."""
+        self.flow.join()
+        launches = self.pacing.multi_step if self.batch.num_rows else 0
+        for _ in range(launches):
+            self.inflight.append(self.launch())
+        return launches
 
     # ---- changes from the scheduler -----------------------------------------------------
 
@@ -289,3 +309,12 @@ class Worker:
                                   self.spec, isolate=False)
         return readout
 
+
+def _leading_pages(items: list[WorkItem]) -> int:
+    """How many of the items, from the first, are AddPages (applied before the launch: they
+    may let parked requests open their next blocks; never past another item, since a slot that
+    a Release frees may be mapped again right after it)."""
+    n = 0
+    while n < len(items) and isinstance(items[n], AddPages):
+        n += 1
+    return n

@@ -1,6 +1,7 @@
 """Probe (run 43): benchmarks/runtime_bench.py (same arguments) with each timed window's raw
 worker trace analysed, to see where the device's idle goes: the gaps between device items by
-size (count, % of the span), the host's work per loop iteration (p50 / p90 / p99 ms), the
+size (count, % of the span) and by the kinds of the items on either side (since run 47), the
+rows per forward, the host's work per loop iteration (p50 / p90 / p99 ms), the
 denoise launch call's host time, and the six longest gaps with the host and GC records near
 them. Written to $PROBE_OUT (default gaps.json) after each window.
 
@@ -53,8 +54,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     top = [{"gap": round(g, 3), "rows": items[i]["rows"], "prev_rows": items[i - 1]["rows"],
             "launch_ms": round(1e3 * (items[i]["t1"] - items[i]["t0"]), 3), "index": i,
             "of": len(items), "near": near(records, items[i], g)} for g, i in gaps[:6]]
+    by_kind: dict[str, float] = {}
+    for i, r in enumerate(items[1:], 1):  # idle before an item, by its and the last one's kind
+        key = f"{items[i - 1]['kind']}->{r['kind']}"
+        by_kind[key] = by_kind.get(key, 0.0) + r["gap_ms"]
     results.append({
         "forwards": out.get("forwards"), "idle": out.get("idle_fraction"),
+        "gap_pct_by_kinds": {k: round(100 * v / span, 3) for k, v in by_kind.items()},
+        "rows_pct": percentiles([float(r["rows"]) for r in items if r["kind"] == "denoise"]),
         "gap_hist_count_pct": hist,
         "host_iter_ms_pct": percentiles([1e3 * (h["t1"] - h["t0"]) - h["wait_ms"]
                                          for h in host]),
