@@ -100,16 +100,18 @@ def released(e: LocalEngine) -> set[int]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, fdfo=st.booleans(), wavefront=st.sampled_from([1, 2]),
        needs=st.lists(st.integers(2, 6), min_size=8, max_size=8), depth=st.sampled_from([1, 2]),
-       mrr=st.sampled_from([3, 8]), multi_step=st.sampled_from([1, 2]))
+       mrr=st.sampled_from([3, 8]), multi_step=st.sampled_from([1, 2]), overlap=st.booleans())
 def test_random_workload_keeps_pools_whole(ops: list[tuple], fdfo: bool, wavefront: int,
                                            needs: list[int], depth: int, mrr: int,
-                                           multi_step: int) -> None:
+                                           multi_step: int, overlap: bool) -> None:
     """depth: forwards the worker keeps queued (2: what a host-bound GPU worker runs); mrr 8:
     enough rows that requests leaving leave holes in the device batch for others to take;
-    multi_step: forwards launched per pass over one layout (2: a host-bound GPU worker's)."""
+    multi_step: forwards launched per pass over one layout (2: a host-bound GPU worker's);
+    overlap: the launch before the scheduler's changes (what a CUDA worker does)."""
     e = scripted_engine(fdfo=fdfo, mrr=mrr, pages=8 * mrr, wavefront=wavefront, depth=depth,
                         need=lambda start: needs[(start // K) % len(needs)],
                         multi_step=multi_step)
+    e.worker.pacing.overlap = overlap
     submitted: list[str] = []
     for op in ops:
         apply(e, op, submitted)
@@ -172,10 +174,13 @@ def test_bs1_with_preemptions_matches_sync(tiny_model_dir: Path, script: list[tu
         e.assert_whole()
 
 
-def bs1_run(model_dir: Path, algorithm: str, depth: int, multi_step: int) -> tuple:
+def bs1_run(model_dir: Path, algorithm: str, depth: int, multi_step: int,
+            overlap: bool = False) -> tuple:
     """One 100-token FDFO request at bs=1: (tokens, finish reason, each block's reported
-    forwards, the forwards its blocks took part in); then the pools are whole."""
+    forwards, the forwards its blocks took part in); then the pools are whole. overlap: the
+    worker launches before it applies the scheduler's changes, as on CUDA."""
     e = local_engine(model_dir, algorithm, fdfo=True, mrr=1, depth=depth, multi_step=multi_step)
+    e.worker.pacing.overlap = overlap
     e.submit("r", list(range(5, 25)), max_new_tokens=100, ignore_eos=True)
     e.run()
     final = e.outputs["r"][-1]
@@ -192,6 +197,16 @@ def test_two_forwards_ahead_decodes_the_same_tokens(tiny_model_dir: Path, algori
     one, two = (bs1_run(tiny_model_dir, algorithm, depth, 1) for depth in (1, 2))
     assert two[:3] == one[:3] and len(one[0]) == 100
     assert two[3] > one[3]  # the extra forwards were run (and counted as such)
+
+
+@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
+def test_launch_before_the_changes_decodes_the_same_tokens(tiny_model_dir: Path,
+                                                           algorithm: str) -> None:
+    """The CUDA worker's order (launch, then the scheduler's changes) at bs=1: the same tokens,
+    finish, per-block forward counts and forwards as changes-first; then the pools are
+    whole."""
+    first, later = (bs1_run(tiny_model_dir, algorithm, 1, 1, overlap) for overlap in (False, True))
+    assert later == first and len(first[0]) == 100
 
 
 @pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
@@ -440,13 +455,17 @@ def test_columns_set_writes_every_column_as_of_does() -> None:
         assert getattr(cols, name) == getattr(fresh, name), name
 
 
-def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_dir: Path) -> None:
-    """With blocks on the device the worker launches first and applies the scheduler's other
-    changes while the forward runs: a request admitted then joins the next launch. A leading
-    run of AddPages is applied before the launch (a parked request may open a block on them);
-    an idle worker applies everything and launches what it was given at once."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_dir: Path,
+                                                                   overlap: bool) -> None:
+    """On CUDA (overlap), with blocks on the device, the worker launches first and applies the
+    scheduler's other changes while the forward runs: a request admitted then joins the next
+    launch. A leading run of AddPages is applied before the launch (a parked request may open
+    a block on them); an idle worker applies everything and launches what it was given at
+    once. On the CPU (a forward runs inside its launch) the changes come first."""
     e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=2, depth=1, multi_step=1)
     w = e.worker
+    w.pacing.overlap = overlap
     events: list[tuple[str, object]] = []
     apply, launch = w.apply, w.launch
 
@@ -471,11 +490,14 @@ def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_di
     e.step()
     names = [v if k == "apply" else "launch" for k, v in events]
     at = names.index("launch")
-    assert names[:at] == ["AddPages"] and "Admit" in names[at:]
-    assert events[at][1] == [a]  # b is not in this forward ...
-    events.clear()
-    e.step()
-    assert events[0] == ("launch", sorted([a, a + 1]))  # ... but in the next
+    if not overlap:
+        assert "Admit" in names[:at] and events[at][1] == [a, a + 1]
+    else:
+        assert names[:at] == ["AddPages"] and "Admit" in names[at:]
+        assert events[at][1] == [a]  # b is not in this forward ...
+        events.clear()
+        e.step()
+        assert events[0] == ("launch", [a, a + 1])  # ... but in the next
     e.run()
     assert {o[-1].completion_tokens for o in e.outputs.values()} == {64}
     e.assert_whole()

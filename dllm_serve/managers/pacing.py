@@ -38,6 +38,9 @@ DEEP_MIN_FORWARDS, BLOCK_EMA = 16.0, 0.05
 class Pacing:
     def __init__(self, depth: int | None, multi_step: int | None, cuda: bool) -> None:
         """depth / multi_step: 1 or 2, or None: auto on CUDA, 1 elsewhere."""
+        # the device runs a launched forward while the host goes on (CUDA): the worker then
+        # launches before it applies the scheduler's changes (managers/worker.py `iterate`)
+        self.overlap = cuda
         self.auto_depth = depth is None and cuda
         self.auto_steps = multi_step is None and cuda
         self.depth = depth or 1

@@ -1,7 +1,8 @@
 """The worker: owns the device and runs one forward loop that never waits for the scheduler.
 
-    loop: launch forward k + step -> apply the scheduler's changes -> read step k-1 back ->
-          retire / open blocks (managers/block_flow.py) -> report what finished -> go on
+    loop: launch forward k + step -> apply the scheduler's changes (CUDA; on the CPU they come
+          first) -> read step k-1 back -> retire / open blocks (managers/block_flow.py) ->
+          report what finished -> go on
 
 The running batch lives on the device (`ResidentBatch`); the scheduler sends only changes
 (pages, prefill, admissions, releases, preemptions) and receives only results (retired blocks,
@@ -10,9 +11,9 @@ the device always has the next forward queued while the host does its bookkeepin
 host learns from step k is which blocks converged: their final forward is k + 1, already
 queued, so they retire right after it and their places (the request's next block, a new
 request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
-requests join (dllm/modes.py). The scheduler's changes are applied after the launch, while
-forwards k - 1 and k are queued (page mappings that come first excepted: see `iterate`), so
-their host work never holds the next forward back; what they admit joins forward k + 1.
+requests join (dllm/modes.py). On CUDA the scheduler's changes are applied after the launch,
+while forwards k - 1 and k are queued (page mappings that come first excepted: see `iterate`),
+so their host work never holds the next forward back; what they admit joins forward k + 1.
 
 How far ahead of its bookkeeping the worker keeps the device (forwards queued while it reads
 the oldest back, forwards launched per pass over one layout) is `Pacing`'s (managers/pacing.py).
@@ -132,14 +133,16 @@ class Worker:
         """Apply the scheduler's changes, launch the next forwards (`multi_step` of them over
         one layout), read the earlier ones back; returns a report when there is one to send.
 
-        With blocks on the device the forwards are launched first, over the layout as it is
-        (plus the blocks that a leading run of AddPages lets open: cheap, and a parked
-        request waits for them), and the other changes are applied while they run: their
-        host work (admissions, prefill launches, releases) then overlaps two queued forwards
-        instead of delaying the next, and what they admit joins at the next launch."""
+        On a device that runs a launched forward while the host goes on (CUDA:
+        `Pacing.overlap`) with blocks on it, the forwards are launched first, over the layout
+        as it is (plus the blocks that a leading run of AddPages lets open: cheap, and a parked
+        request waits for them), and the other changes are applied while they run: their host
+        work (admissions, prefill launches, releases) then overlaps two queued forwards instead
+        of delaying the next, and what they admit joins at the next launch. Elsewhere (the CPU
+        computes a forward inside its launch: nothing to overlap) the changes come first."""
         t0 = time.monotonic()
-        head = _leading_pages(items)
-        for item in items[:head]:
+        head = _leading_pages(items) if self.pacing.overlap else len(items)
+        for item in merge_prefills(items[:head], self.max_prefill_tokens):
             self.apply(item)
         t1 = time.monotonic()
         early = self._launch()
