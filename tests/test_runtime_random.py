@@ -456,14 +456,15 @@ def test_columns_set_writes_every_column_as_of_does() -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_dir: Path,
-                                                                   overlap: bool) -> None:
-    """On CUDA (overlap), with blocks on the device, the worker launches first and applies the
-    scheduler's other changes while the forward runs: a request admitted then joins the next
-    launch. A leading run of AddPages is applied before the launch (a parked request may open
-    a block on them); an idle worker applies everything and launches what it was given at
-    once. On the CPU (a forward runs inside its launch) the changes come first."""
-    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=2, depth=1, multi_step=1)
+def test_the_launch_comes_after_the_cheap_changes_and_before_a_prefill(tiny_model_dir: Path,
+                                                                      overlap: bool) -> None:
+    """On CUDA (overlap), with blocks on the device, the worker applies the leading run of
+    cheap changes (AddPages, Admit, Release) before the launch, so a request admitted without
+    a prefill joins that very forward; from a Prefill on, the changes are applied after the
+    launch (while the forward runs) and what they admit joins the next one. An idle worker
+    applies everything and launches what it was given at once. On the CPU (a forward runs
+    inside its launch) all the changes come first."""
+    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=3, depth=1, multi_step=1)
     w = e.worker
     w.pacing.overlap = overlap
     events: list[tuple[str, object]] = []
@@ -478,6 +479,9 @@ def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_di
         events.append(("launch", sorted(r.uid for r in out.layout.reqs if not r.hole)))
         return out
 
+    def names() -> list[str]:
+        return [str(v) if k == "apply" else "launch" for k, v in events]
+
     w.apply, w.launch = logged_apply, logged_launch  # type: ignore[method-assign]
     e.submit("a", list(range(5, 25)), max_new_tokens=64, ignore_eos=True)
     e.step()  # idle worker: a's pages, prefill and admission, then a's first forward
@@ -486,18 +490,25 @@ def test_the_launch_comes_before_the_changes_and_after_their_pages(tiny_model_di
     (a,) = events[-1][1]  # type: ignore[misc]
     e.step()
     events.clear()
-    e.submit("b", list(range(30, 50)), max_new_tokens=64, ignore_eos=True)
+    e.submit("b", [7, 8, 9], max_new_tokens=64, ignore_eos=True)  # shorter than a block
     e.step()
-    names = [v if k == "apply" else "launch" for k, v in events]
-    at = names.index("launch")
+    at = names().index("launch")
+    assert "Prefill" not in names()
+    assert names()[:at] == ["AddPages", "Admit"] and events[at][1] == [a, a + 1]  # b joins
+    events.clear()
+    e.submit("c", list(range(30, 130)), max_new_tokens=64, ignore_eos=True)  # prefilled
+    e.step()
+    at = names().index("launch")
+    assert "Prefill" in names() and "Admit" in names()
     if not overlap:
-        assert "Admit" in names[:at] and events[at][1] == [a, a + 1]
+        assert "launch" not in names()[:names().index("Admit")]
+        assert events[at][1] == [a, a + 1, a + 2]
     else:
-        assert names[:at] == ["AddPages"] and "Admit" in names[at:]
-        assert events[at][1] == [a]  # b is not in this forward ...
+        assert names()[:at] == ["AddPages"] and names()[at + 1] == "Prefill"
+        assert events[at][1] == [a, a + 1]  # c is not in this forward ...
         events.clear()
         e.step()
-        assert events[0] == ("launch", [a, a + 1])  # ... but in the next
+        assert events[0] == ("launch", [a, a + 1, a + 2])  # ... but in the next
     e.run()
     assert {o[-1].completion_tokens for o in e.outputs.values()} == {64}
     e.assert_whole()

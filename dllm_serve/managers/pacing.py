@@ -27,9 +27,11 @@ requests, +0.7% to +54% at 64 (the turns where depth 1's host stalled), idle 0.7
 1.3-34%; on its held-out problems (3 forwards a block) depth 2 was 8% slower, and auto keeps 1
 there. WAIT_HIGH_S is above a small model's whole forward (0.3-0.5 ms), so there auto, once at
 2, stays at 2.
-`overlap` (no knob: CUDA's) makes the worker launch before it applies the scheduler's changes,
-so their host work runs beside the queued forwards (on the CPU a forward runs inside its
-launch: the changes come first, or an admission would wait one more forward for nothing).
+`overlap` (no knob: CUDA's) makes the worker launch before it applies the scheduler's costly
+changes (prefills, preemptions; the cheap ones that come first still go before: worker.py
+`iterate`), so their host work runs beside the queued forwards (on the CPU a forward runs
+inside its launch: the changes come first, or an admission would wait one more forward for
+nothing).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ the device always has the next forward queued while the host does its bookkeepin
 host learns from step k is which blocks converged: their final forward is k + 1, already
 queued, so they retire right after it and their places (the request's next block, a new
 request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
-requests join (dllm/modes.py). On CUDA the scheduler's changes are applied after the launch,
-while forwards k - 1 and k are queued (page mappings that come first excepted: see `iterate`),
-so their host work never holds the next forward back; what they admit joins forward k + 1.
+requests join (dllm/modes.py). On CUDA the scheduler's costly changes (prefill launches,
+preemptions, and whatever follows them) are applied after the launch, while forwards k - 1 and
+k are queued, so their host work never holds the next forward back; the cheap ones that come
+first (page mappings, admissions, releases: see `iterate`) go before it, so a request admitted
+without a prefill joins forward k itself.
 
 How far ahead of its bookkeeping the worker keeps the device (forwards queued while it reads
 the oldest back, forwards launched per pass over one layout) is `Pacing`'s (managers/pacing.py).
@@ -134,14 +136,16 @@ class Worker:
         one layout), read the earlier ones back; returns a report when there is one to send.
 
         On a device that runs a launched forward while the host goes on (CUDA:
-        `Pacing.overlap`) with blocks on it, the forwards are launched first, over the layout
-        as it is (plus the blocks that a leading run of AddPages lets open: cheap, and a parked
-        request waits for them), and the other changes are applied while they run: their host
-        work (admissions, prefill launches, releases) then overlaps two queued forwards instead
-        of delaying the next, and what they admit joins at the next launch. Elsewhere (the CPU
-        computes a forward inside its launch: nothing to overlap) the changes come first."""
+        `Pacing.overlap`) with blocks on it, only the leading run of cheap changes (page
+        mappings, admissions, releases: tens of microseconds; a parked request waits for its
+        pages, an admitted one without a prefill joins this launch) is applied before the
+        forwards are launched; from the first prefill or preemption on, the changes are applied
+        while they run: that host work (a prefill launch is hundreds of microseconds) then
+        overlaps two queued forwards instead of delaying the next, and what it admits joins at
+        the next launch (after its prefill, in stream order). Elsewhere (the CPU computes a
+        forward inside its launch: nothing to overlap) the changes come first."""
         t0 = time.monotonic()
-        head = _leading_pages(items) if self.pacing.overlap else len(items)
+        head = _cheap_head(items) if self.pacing.overlap else len(items)
         for item in merge_prefills(items[:head], self.max_prefill_tokens):
             self.apply(item)
         t1 = time.monotonic()
@@ -313,11 +317,12 @@ class Worker:
         return readout
 
 
-def _leading_pages(items: list[WorkItem]) -> int:
-    """How many of the items, from the first, are AddPages (applied before the launch: they
-    may let parked requests open their next blocks; never past another item, since a slot that
-    a Release frees may be mapped again right after it)."""
+def _cheap_head(items: list[WorkItem]) -> int:
+    """How many of the items, from the first, are cheap to apply before the launch: AddPages,
+    Admit, Release (never past a Prefill or Preempt: the items keep their order, since a slot
+    that a Release frees may be mapped again right after it, and an Admit after a Prefill needs
+    that prefill launched first)."""
     n = 0
-    while n < len(items) and isinstance(items[n], AddPages):
+    while n < len(items) and isinstance(items[n], AddPages | Admit | Release):
         n += 1
     return n
