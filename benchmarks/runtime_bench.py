@@ -23,7 +23,11 @@ each sending its next prompt when its last one finished): a queue, as a server s
 clients are coroutines in one event loop (Engine.async_generate); runs before run 28 used
 C client threads (--clients threads), whose contention for the interpreter lock in the
 engine's own process added milliseconds to every request's round trip
-(benchmarks/results/h200/runtime/README.md, run 26).
+(benchmarks/results/h200/runtime/README.md, run 26). With --clients engine all P x C prompts go
+to the engine in one call and its scheduler runs at most C (--max-running-requests C) and
+queues the rest, as an offline batch job does: a finished request's slot is refilled from the
+scheduler's queue, without the round trip through the front and the client (each setting then
+needs a single concurrency).
 Per run: output tokens/s, and from the worker's trace (benchmarks/trace_summary.py) the device's
 busy and idle shares of the run, mean forward time and host work per forward. The JSON keeps
 every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
@@ -108,9 +112,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--interleave", action="store_true",
                    help="start all of a suite's engines at once and let their timed runs take "
                    "turns (default: one engine after another)")
-    p.add_argument("--clients", default="async", choices=["async", "threads"],
+    p.add_argument("--clients", default="async", choices=["async", "threads", "engine"],
                    help="the closed loop's clients: coroutines in one event loop (default), or "
-                   "C threads calling Engine.generate (the H200 runs before run 28)")
+                   "C threads calling Engine.generate (the H200 runs before run 28); engine: "
+                   "no clients, every prompt in one call, queued by the engine's scheduler")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[4, 16, 32, 64])
     p.add_argument("--w2-concurrency", type=int, nargs="+", default=[16])
@@ -124,7 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--multi-step", default="1", choices=["1", "2", "auto"],
                    help="the worker's --dllm-multi-step in every setting")
     p.add_argument("--out", default=None, help="JSON results")
-    return p.parse_args(argv)
+    ns = p.parse_args(argv)
+    if ns.clients == "engine" and max(len(ns.concurrency), len(ns.w2_concurrency),
+                                      len(ns.mini_concurrency)) > 1:
+        p.error("--clients engine runs each engine at max_running_requests = its concurrency: "
+                "give one value each to --concurrency, --w2-concurrency, --mini-concurrency")
+    return ns
 
 
 def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model: str | None,
@@ -216,8 +226,9 @@ def generate(engine: Any, prompts: list[str], params: dict[str, Any], c: int,
              clients: str = "async") -> list[dict[str, Any]]:
     """All prompts, at most c in flight: one call when they fit, else c clients, each sending
     its next prompt when its last one finished: coroutines in one event loop
-    (Engine.async_generate), or with clients="threads" c threads calling Engine.generate."""
-    if len(prompts) <= c:
+    (Engine.async_generate), or with clients="threads" c threads calling Engine.generate. With
+    clients="engine" one call (the engine, at max_running_requests c, queues the rest)."""
+    if len(prompts) <= c or clients == "engine":
         return engine.generate(prompts, params)
     if clients == "threads":
         with ThreadPoolExecutor(max_workers=c) as pool:

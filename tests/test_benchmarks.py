@@ -461,3 +461,29 @@ def test_runtime_bench_closed_loop_keeps_c_in_flight(clients: str) -> None:
     outs = generate(engine, prompts, {}, 4, clients)
     assert [o["text"] for o in outs] == prompts
     assert engine.most == 4 and engine.now == 0
+
+
+def test_runtime_bench_engine_clients_submit_everything_in_one_call() -> None:
+    """--clients engine: every prompt in one Engine.generate call (the scheduler, at
+    max_running_requests = the concurrency, queues the rest), and only with one concurrency
+    per setting (the engine's limit is fixed when it starts)."""
+    from benchmarks import runtime_bench
+
+    calls: list[list[str]] = []
+
+    class Recorder:
+        def generate(self, prompts: list[str], params: dict) -> list[dict]:
+            calls.append(list(prompts))
+            return [{} for _ in prompts]
+
+    prompts = [f"p{i}" for i in range(12)]
+    assert len(runtime_bench.generate(Recorder(), prompts, {}, 4, "engine")) == 12
+    assert calls == [prompts]
+    ns = runtime_bench.parse_args(["--clients", "engine", "--concurrency", "16",
+                                   "--mini-concurrency", "16"])
+    kw = runtime_bench.engine_kwargs(ns, runtime_bench.suites(ns)["default-heldout"],
+                                     runtime_bench.suites(ns)["default-heldout"].settings[0],
+                                     None, None)
+    assert kw["max_running_requests"] == 16
+    with pytest.raises(SystemExit):
+        runtime_bench.parse_args(["--clients", "engine"])  # four concurrencies by default
