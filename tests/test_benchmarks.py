@@ -487,3 +487,20 @@ def test_runtime_bench_engine_clients_submit_everything_in_one_call() -> None:
     assert kw["max_running_requests"] == 16
     with pytest.raises(SystemExit):
         runtime_bench.parse_args(["--clients", "engine"])  # four concurrencies by default
+
+
+def test_torch_attention_groups_benchmark(tmp_path: Path) -> None:
+    """benchmarks/torch_attention_groups.py: a row per GROUP_COST, one group when splitting
+    never pays and more when it always does; the module's own GROUP_COST is left as it was."""
+    from benchmarks import torch_attention_groups as bench
+    from dllm_serve.layers import attention
+
+    before = attention.GROUP_COST
+    out = tmp_path / "groups.json"
+    rows = bench.main(["--repeats", "1", "--rows", "6", "--costs", str(10 ** 9), "0",
+                       "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows
+    assert [r["group_cost"] for r in rows] == [10 ** 9, 0]
+    assert rows[0]["groups_per_forward"] == 1.0 < rows[1]["groups_per_forward"]
+    assert all(r["ms_per_forward"] > 0 for r in rows)
+    assert attention.GROUP_COST == before

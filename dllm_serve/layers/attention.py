@@ -9,10 +9,12 @@ builds its mask from this same predicate.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -71,6 +73,8 @@ ATTENTION_BACKENDS: Registry[type[AttentionBackend]] = Registry("attention backe
 
 @dataclass
 class PaddedMeta:
+    """One padded group of segments."""
+
     q_index: torch.Tensor  # (S, Qmax) token row of each query; padding points at row 0
     q_valid: torch.Tensor  # (S, Qmax) bool
     k_slot: torch.Tensor  # (S, Kmax) KV slot of each key position; padding points at slot 0
@@ -79,7 +83,9 @@ class PaddedMeta:
 
 @ATTENTION_BACKENDS.register("torch")
 class TorchAttention(AttentionBackend):
-    """Plain PyTorch reference: pad segments to (S, Qmax) x (S, Kmax) and run SDPA."""
+    """Plain PyTorch reference: segments padded to (S, Qmax) x (S, Kmax) and run through SDPA,
+    in a few groups of similar key length (`length_groups`) so that a batch mixing short and
+    long prefixes does not pad every segment to the longest."""
 
     def prepare(self, fb: ForwardBatch) -> None:
         fb.attn_meta = build_padded_meta(fb, self.kv)
@@ -88,33 +94,90 @@ class TorchAttention(AttentionBackend):
                 fb: ForwardBatch, stored: bool = False) -> torch.Tensor:
         if not stored:
             self.store(layer_id, k, v, fb)
-        meta: PaddedMeta = fb.attn_meta
-        qs = q[meta.q_index].transpose(1, 2)  # (S, H, Qmax, D)
-        ks = self.kv.k[layer_id][meta.k_slot].transpose(1, 2).to(q.dtype)  # (S, KVH, Kmax, D)
-        vs = self.kv.v[layer_id][meta.k_slot].transpose(1, 2).to(q.dtype)
-        rep = self.num_heads // ks.shape[1]
-        if rep > 1:
-            ks = ks.repeat_interleave(rep, dim=1)
-            vs = vs.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=meta.mask, scale=self.scale)
-        out = out.transpose(1, 2).flatten(2)  # (S, Qmax, H * D)
         result = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
-        result[meta.q_index[meta.q_valid]] = out[meta.q_valid]
+        meta: PaddedMeta
+        for meta in fb.attn_meta:
+            qs = q[meta.q_index].transpose(1, 2)  # (S, H, Qmax, D)
+            ks = self.kv.k[layer_id][meta.k_slot].transpose(1, 2).to(q.dtype)  # (S, KVH, Kmax, D)
+            vs = self.kv.v[layer_id][meta.k_slot].transpose(1, 2).to(q.dtype)
+            rep = self.num_heads // ks.shape[1]
+            if rep > 1:
+                ks = ks.repeat_interleave(rep, dim=1)
+                vs = vs.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=meta.mask,
+                                                 scale=self.scale)
+            out = out.transpose(1, 2).flatten(2)  # (S, Qmax, H * D)
+            result[meta.q_index[meta.q_valid]] = out[meta.q_valid]
         return result
 
 
-def build_padded_meta(fb: ForwardBatch, kv: KVCache) -> PaddedMeta:
+MAX_GROUPS = 3
+# one more group's fixed cost, in padded (segment x key) positions: 128-256 measured best on a
+# CPU (benchmarks/torch_attention_groups.py)
+GROUP_COST = 256
+
+
+def length_groups(ends: list[int]) -> list[list[int]]:
+    """The segments (by their key ends, seg_start + seg_len) in at most MAX_GROUPS groups of
+    consecutive key lengths: the split that minimizes the padded area (each group's segments x
+    its longest end) plus GROUP_COST per group after the first. One group: all segments, in
+    their order (the unsplit batch)."""
+    n = len(ends)
+    if n < 2:
+        return [list(range(n))]
+    order = np.argsort(ends, kind="stable")
+    e = np.asarray(ends, dtype=np.int64)[order]
+    a = np.arange(1, n)  # a split after the a smallest
+    tail = (n - a) * e[-1]
+    two = a * e[a - 1] + tail + GROUP_COST
+    best, cuts = int(n * e[-1]), []
+    if two.min() < best:
+        best, cuts = int(two.min()), [int(a[two.argmin()])]
+    if MAX_GROUPS >= 3 and n >= 3:  # splits after a < b of the smallest
+        aa, bb = a[:, None], a[None, :]
+        three = aa * e[aa - 1] + (bb - aa) * e[bb - 1] + tail[None, :] + 2 * GROUP_COST
+        three = np.where(aa < bb, three, np.iinfo(np.int64).max)
+        i, j = np.unravel_index(three.argmin(), three.shape)
+        if three[i, j] < best:
+            cuts = [int(a[i]), int(a[j])]
+    if not cuts:
+        return [list(range(n))]
+    bounds = [0, *cuts, n]
+    return [order[lo:hi].tolist() for lo, hi in zip(bounds, bounds[1:], strict=False)]
+
+
+def build_padded_meta(fb: ForwardBatch, kv: KVCache) -> list[PaddedMeta]:
+    """One padded group per `length_groups` group of the batch's segments."""
+    ends = [s + n for s, n in zip(fb.seg_starts_cpu, fb.seg_lens_cpu, strict=True)]
+    groups = length_groups(ends)
+    if len(groups) == 1:
+        return [_padded(fb, kv, None)]
+    return [_padded(fb, kv, g) for g in groups]
+
+
+def _padded(fb: ForwardBatch, kv: KVCache, segs: list[int] | None) -> PaddedMeta:
+    """The padded batch of segments `segs` (None: all of them, in order)."""
     device = fb.input_ids.device
-    starts, lens = fb.seg_starts_cpu, fb.seg_lens_cpu
+    every = range(len(fb.seg_lens_cpu))
+    pick = every if segs is None else segs
+    lens = [fb.seg_lens_cpu[i] for i in pick]
+    starts = [fb.seg_starts_cpu[i] for i in pick]
+    first_token = list(itertools.accumulate(fb.seg_lens_cpu, initial=0))
     q_max, k_max = max(lens), max(s + n for s, n in zip(starts, lens, strict=True))
-    offsets = torch.tensor([0] + list(lens[:-1]), device=device).cumsum(0)  # (S,)
+    offsets = torch.tensor([first_token[i] for i in pick], device=device)  # (S,)
+    if segs is None:
+        seg_lens, seg_starts, req_slots = fb.seg_lens, fb.seg_starts, fb.req_slots
+    else:
+        index = torch.tensor(segs, device=device)
+        seg_lens, seg_starts, req_slots = (fb.seg_lens[index], fb.seg_starts[index],
+                                           fb.req_slots[index])
     i = torch.arange(q_max, device=device)
-    q_valid = i[None, :] < fb.seg_lens[:, None]  # (S, Qmax)
+    q_valid = i[None, :] < seg_lens[:, None]  # (S, Qmax)
     q_index = torch.where(q_valid, offsets[:, None] + i[None, :], 0)
-    q_pos = fb.seg_starts[:, None] + i[None, :]  # (S, Qmax)
+    q_pos = seg_starts[:, None] + i[None, :]  # (S, Qmax)
     k_pos = torch.arange(k_max, device=device)[None, :].expand(len(lens), -1)  # (S, Kmax)
-    k_valid = k_pos < (fb.seg_starts + fb.seg_lens)[:, None]
-    k_slot = kv.slots(fb.req_slots[:, None], torch.where(k_valid, k_pos, 0))
+    k_valid = k_pos < (seg_starts + seg_lens)[:, None]
+    k_slot = kv.slots(req_slots[:, None], torch.where(k_valid, k_pos, 0))
     k_slot = torch.where(k_valid, k_slot, 0)
     mask = block_causal(q_pos[:, :, None], k_pos[:, None, :], fb.block_size) & k_valid[:, None, :]
     # Padding queries see key 0 so that softmax stays finite; their rows are dropped.
