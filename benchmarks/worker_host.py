@@ -65,6 +65,14 @@ class MetaRunner(FakeRunner):
         super().__init__(K, num_pages, page_size, VOCAB)
         self.max_requests = self.scratch_slot = max_requests
         self.logits = torch.zeros(max_requests * wavefront * K, VOCAB)  # the worker's rows
+        self.runs: dict[int, DenoiseRun] = {}
+
+    def resident_run(self, n: int, block_ids: torch.Tensor) -> DenoiseRun:
+        """As the GPU's bucketed forwards: one run per row count, reading no host list."""
+        run = self.runs.get(n)
+        if run is None:
+            run = self.runs[n] = self.prepare_denoise([], [], [1] * n, block_ids)
+        return run
 
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                         block_ids: torch.Tensor) -> DenoiseRun:

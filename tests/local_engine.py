@@ -171,6 +171,10 @@ class FakeRunner:
                 before: Any = None, rows: Any = None, replayed: Any = None) -> None:
         self.before = before  # as the real runner: run first in every denoise forward
 
+    def resident_run(self, n: int, block_ids: torch.Tensor) -> DenoiseRun | None:
+        """None: every run is made from the layout's columns (the log records them)."""
+        return None
+
     def prepare_denoise(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                         block_ids: torch.Tensor) -> DenoiseRun:
         entry = ("forward", list(slots), list(first_starts), list(num_blocks))

@@ -195,12 +195,13 @@ def test_warm_up_writes_only_the_scratch_page(tiny_model_dir: Path) -> None:
 
 @torch.inference_mode()
 def worker_tokens(model_dir: Path, static: bool, step: bool = False, rows: bool = True,
-                  ) -> tuple[np.ndarray, list[int]]:
+                  ) -> tuple[np.ndarray, list[int], bool]:
     """Six worker iterations, FDFO, wavefront W=2, LowConfidence threshold 1 (one token a step)
     with every masked position counted as ready (tau 0): each request opens its second block
     after one step, so the layout changes while the forward loop runs. rows: the forward's
     metadata computed from the storage's rows (as the worker builds it), else written by the
-    host."""
+    host. Returns the final ids, the row counts, and whether the last layout made its host
+    columns."""
     runner, mask_id = make_runner(model_dir)
     algo = LowConfidence(LowConfidenceConfig(threshold=1.0), K, mask_id)
     algo.fused_predict = True
@@ -226,19 +227,24 @@ def worker_tokens(model_dir: Path, static: bool, step: bool = False, rows: bool 
     for i in range(6):
         worker.iterate(items if i == 0 else [])
         widths.append(worker.batch.num_rows)
-    return worker.batch.layout().batch.block_ids.cpu().numpy(), widths
+    layout = worker.batch.layout()
+    made = layout._cols is not None
+    return layout.batch.block_ids.cpu().numpy(), widths, made
 
 
 @INTERPRETER_ONLY
 def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path) -> None:
-    ref_ids, ref_widths = worker_tokens(tiny_model_dir, static=False)
+    ref_ids, ref_widths, made = worker_tokens(tiny_model_dir, static=False)
     assert ref_widths == [2, 4, 4, 4, 4, 4]  # both requests opened a second block
+    assert made  # an eager forward reads the layout's host columns
     # the step eager on the graph's logits (metadata from the host / the rows), inside the
     # "graph" (as the worker builds it: metadata from the rows)
     for step, rows in ((False, False), (False, True), (True, True)):
-        ids, widths = worker_tokens(tiny_model_dir, static=True, step=step, rows=rows)
+        ids, widths, made = worker_tokens(tiny_model_dir, static=True, step=step, rows=rows)
         assert widths == ref_widths
         np.testing.assert_array_equal(ids, ref_ids)
+        # forward + step in one run, metadata from the rows: no host column is ever made
+        assert made != (step and rows)
 
 
 # ---- on the GPU: capture and replay ---------------------------------------------------------

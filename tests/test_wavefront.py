@@ -107,6 +107,9 @@ class ScriptedLogits:
                 replayed=None) -> None:
         self.before = before  # the worker's staged row writes, first in every forward
 
+    def resident_run(self, n: int, block_ids: torch.Tensor) -> None:
+        return None  # every run made from the layout's columns
+
     def prepare_denoise(self, slots, first_starts, num_blocks, block_ids):  # type: ignore[no-untyped-def]
         def run() -> torch.Tensor:
             self.before()

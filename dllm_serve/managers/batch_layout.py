@@ -6,9 +6,11 @@ per-row host `Columns` the forward and the step read).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from dllm_serve.dllm.algorithms.base import State
 from dllm_serve.dllm.batch import DenoiseBatch
@@ -48,6 +50,10 @@ class DeviceReq:
     alive: bool = True
     hole: bool = False  # a hole's placeholder (see the module docstring), never a request
     seq: int = 0  # admission order (ResidentBatch.add)
+    stops: frozenset[int] = field(init=False)  # settings.stop_ids as a set (the retire check's)
+
+    def __post_init__(self) -> None:
+        self.stops = frozenset(self.settings.stop_ids.tolist())
 
     @property
     def first_start(self) -> int:
@@ -106,20 +112,43 @@ SETTING_COLUMNS = (("temperatures", "temperature"), ("top_ps", "top_p"), ("seeds
 COLUMN_FIELDS = ("slots", "first_starts", "temperatures", "top_ps", "seeds", "top_ks", "min_ps")
 
 
-@dataclass
+@dataclass(eq=False)
 class Layout:
     """The rows of the device tensors: blocks in row order and the request of each (a hole's
-    placeholder for a hole); steps (N,) forwards each row has had (the batch's block_steps).
-    Invariant: rows[i].row == i for every real block, and holes lists (ascending) the rows
-    held by a hole."""
+    placeholder for a hole); steps (N,) forwards each row has had (the batch's block_steps);
+    ids (N, K) and state: views of the storage rows [0, N). Invariant: rows[i].row == i for
+    every real block, and holes lists (ascending) the rows held by a hole.
+
+    The per-row host `Columns` and the `DenoiseBatch` over them are made on first use only:
+    the graph path of a greedy batch (the forward's metadata computed on the device from the
+    storage rows, the step captured with it) reads neither, so a layout change costs it no
+    column work. `base` is the previous layout's columns if it made them (then `changed` lists
+    the rows that differ: a patch), else None (made afresh from the rows)."""
 
     reqs: list[DeviceReq]
     rows: list[Block]
-    batch: DenoiseBatch
+    steps: np.ndarray
+    ids: torch.Tensor
     state: State | None
-    cols: Columns
     holes: list[int]
+    sampled: bool  # some row's request samples (temperature > 0)
+    make_batch: Callable[[Columns, np.ndarray], DenoiseBatch]
+    base: Columns | None = None
+    changed: list[int] = field(default_factory=list)
+    _cols: Columns | None = field(default=None, repr=False)
+    _batch: DenoiseBatch | None = field(default=None, repr=False)
 
     @property
-    def steps(self) -> np.ndarray:
-        return self.batch.block_steps
+    def cols(self) -> Columns:
+        if self._cols is None:
+            self._cols = (Columns.of(self.reqs, self.rows) if self.base is None
+                          else self.base.patched(self.reqs, self.rows, self.changed))
+            self.base, self.changed = None, []
+        return self._cols
+
+    @property
+    def batch(self) -> DenoiseBatch:
+        """The DenoiseBatch of these rows (its block_steps is `steps`, the same array)."""
+        if self._batch is None:
+            self._batch = self.make_batch(self.cols, self.steps)
+        return self._batch

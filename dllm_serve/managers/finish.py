@@ -66,17 +66,14 @@ class FinishChecker:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= self.eos_ids
-        counted = tokens[max(0, params.min_new_tokens - before - 1):]
-        hit = np.zeros(len(counted), dtype=bool)
-        for s in stops:
-            hit |= counted == s
-        first = np.flatnonzero(hit)
-        if len(first) and len(tokens) - len(counted) + int(first[0]) <= at_length:
-            i = len(tokens) - len(counted) + int(first[0])
-            return i + 1, {"type": "stop", "matched": int(tokens[i])}
-        if at_length < len(tokens):
+        first = max(0, params.min_new_tokens - before - 1)  # the first that may stop it
+        ids = tokens.tolist()  # a block's few ids: a loop over a list beats numpy compares
+        for i in range(first, min(len(ids), at_length + 1)):
+            if ids[i] in stops:
+                return i + 1, {"type": "stop", "matched": ids[i]}
+        if at_length < len(ids):
             return at_length + 1, {"type": "length", "length": params.max_new_tokens}
-        return len(tokens), None
+        return len(ids), None
 
     def _stop_strings(self, req: Req, start: int) -> None:
         """Finish at the first stop string or regex match that ends inside the tokens added

@@ -17,8 +17,11 @@ blocks fill rows [0, N) again. Only the changed rows are written
 (RowStorage's staged writes, one message to the device; a moved row's ids and state are copied on
 the device from its old row), and the patch looks only at what changed since the last layout
 (`touched`: requests added, dropped, with a block retired or opened; `gone`: the blocks that
-left), copying the layout's per-row `Columns` (slots, starts, sampling settings) and rewriting
-only the changed rows: its Python work grows with the changes, not with the batch.
+left); the layout's per-row host `Columns` (slots, starts, sampling settings), which only
+an eager forward or a sampling step reads, are made when first asked for, as a copy of the
+previous layout's with only the changed rows rewritten: its Python work grows with the
+changes, not with the batch. Whether any row samples is a count (`sampling`: requests in the
+layout with a temperature above 0), not a look at the columns.
 Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in one numpy
 array (`Layout.steps`, also the batch's `block_steps`; a moved row's count moves with it), and
 the batch counts its forwards in one counter (`launches`): a request's
@@ -73,6 +76,7 @@ class ResidentBatch:
         self.touched: dict[int, DeviceReq] = {}
         self.gone: list[Block] = []
         self.admitted = 0  # requests added so far (DeviceReq.seq)
+        self.sampling = 0  # requests in the layout that sample (temperature > 0)
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -133,11 +137,13 @@ class ResidentBatch:
     def _enter(self, req: DeviceReq) -> None:
         if not req.in_layout:
             req.in_layout, req.entered_at = True, self.launches
+            self.sampling += req.settings.temperature > 0
 
     def _leave(self, req: DeviceReq) -> None:
         if req.in_layout:
             req.past_forwards += self.launches - req.entered_at
             req.in_layout = False
+            self.sampling -= req.settings.temperature > 0
 
     # ---- the device tensors -------------------------------------------------------------
 
@@ -192,15 +198,15 @@ class ResidentBatch:
                 reqs[t], rows[t], steps[t] = reqs[src], rows[src], steps[src]
         del reqs[n:], rows[n:]
         steps = steps[:n]
-        cols = old.cols.patched(reqs, rows, leaving + placed + targets)
         # rows that now hold no request get a hole's metadata (no request key), unless they
         # already did; then the layout's bookkeeping
         freed = sorted(i for i in {*leaving, *sources}
                        if i >= len(rows) or reqs[i] is hole)
         self._stage(placed, entrants, targets, sources, freed, reqs, rows)
         self._bookkeep(old, entrants, rows, placed, targets)
-        return Layout(reqs, rows, self._batch(cols, steps), self.storage.views(len(rows))[1],
-                      cols, holes)
+        ids, state = self.storage.views(len(rows))
+        return Layout(reqs, rows, steps, ids, state, holes, self.sampling > 0, self._batch,
+                      old._cols, leaving + placed + targets)
 
     def _costly(self, total: int, holes: int) -> bool:
         """Whether `holes` of `total` rows cost enough to close: a larger bucket than the
@@ -250,9 +256,9 @@ class ResidentBatch:
                                       self._params(newcomers))
 
     def _empty(self) -> Layout:
-        cols = Columns.of([], [])
-        return Layout([], [], self._batch(cols, np.zeros(0, dtype=np.int64)),
-                      self.storage.views(0)[1], cols, [])
+        ids, state = self.storage.views(0)
+        return Layout([], [], np.zeros(0, dtype=np.int64), ids, state, [], False, self._batch,
+                      Columns.of([], []))
 
     def _batch(self, cols: Columns, steps: np.ndarray) -> DenoiseBatch:
         """The DenoiseBatch of rows [0, N) laid out as `cols` says (it shares their lists:

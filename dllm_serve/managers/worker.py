@@ -231,25 +231,34 @@ class Worker:
         """Queue forward + step over the current layout; nothing waits for the device."""
         layout = self.batch.layout()
         if layout is not self.prepared:
-            c = layout.cols
-            self.run = self.runner.prepare_denoise(c.slots, c.first_starts,
-                                                   layout.batch.num_blocks, layout.batch.block_ids)
+            self.run = self._prepare(layout)
             self.prepared = layout
         self.storage.flush()  # the layout's row writes: applied first thing in the forward
         assert self.run is not None
         run = self.run
-        if run.step is not None and not layout.batch.sampled:  # one graph: forward + step
+        if run.step is not None and not layout.sampled:  # one graph: forward + step
             readout, failed = self._trace("denoise", run.step, len(layout.rows)), []
         else:
             readout, failed = self._trace("denoise", lambda: denoise_step(
                 self.algo, layout.batch, run.forward(), layout.state, self.spec),
                 len(layout.rows))
-        layout.batch.block_steps += 1
+        layout.steps += 1
         self.batch.launched()
         self.report.msg.forwards += 1
         self.report.msg.block_steps += len(layout.rows)
         return Launch(layout, layout.steps.copy(), self.readback.start(readout),
                       [layout.reqs[i] for i in failed])
+
+    def _prepare(self, layout: Layout) -> DenoiseRun:
+        """The runner's run over the layout's rows: the one of its row count where the forward
+        computes its metadata on the device from the storage rows (then the layout's host
+        columns are never made), else one made from the columns."""
+        n = len(layout.rows)
+        run = self.runner.resident_run(n, layout.ids)
+        if run is not None:
+            return run
+        c = layout.cols
+        return self.runner.prepare_denoise(c.slots, c.first_starts, [1] * n, layout.ids)
 
     # ---- results --------------------------------------------------------------------------
 

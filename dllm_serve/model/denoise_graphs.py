@@ -75,6 +75,7 @@ class DenoiseGraphs(BucketedForwards):
         self.published = (PublishRing(max_blocks, width, dev)
                           if step is not None and dev.type == "cuda" else None)
         self.rows = rows
+        self.resident: dict[int, DenoiseRun | None] = {}  # resident_run's, by row count
         tiles = self.meta[layout.offset("tiles"):].view(torch.int32)
         self.row_fields = RowMetaFields(
             self.field("positions", layout.max_tokens), self.field("token_slot", layout.max_tokens),
@@ -124,6 +125,18 @@ class DenoiseGraphs(BucketedForwards):
             return self.readout[:n] if self.published is None else self.published.take(n)
 
         return DenoiseRun(forward, step if self.step is not None and resident else None)
+
+    def resident_run(self, n: int, block_ids: torch.Tensor) -> DenoiseRun | None:
+        """`prepare` over storage rows [0, n) (`block_ids`), made once per n, when the forwards
+        compute their metadata from the storage rows (`rows`) and a bucket holds n; else
+        None."""
+        if self.rows is None or pick_bucket(n, self.buckets) is None:
+            return None
+        run = self.resident.get(n)
+        if run is None:
+            run = self.resident[n] = self.prepare([], [], [], block_ids)
+        assert run is not None
+        return run
 
     def _replayed(self) -> None:
         if self.replayed is not None:

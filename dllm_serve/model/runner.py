@@ -273,6 +273,14 @@ class ModelRunner:
 
         return DenoiseRun(run)
 
+    def resident_run(self, n: int, block_ids: torch.Tensor) -> DenoiseRun | None:
+        """The denoise run over rows [0, n) of the worker's row storage (`block_ids` their ids)
+        when the bucketed forwards compute their metadata from the storage rows and a bucket
+        holds n: one per n, made once (it reads no host list); else None."""
+        if self.graphs is None:
+            return None
+        return self.graphs.resident_run(n, block_ids)
+
     def eager_forward(self, slots: list[int], first_starts: list[int], num_blocks: list[int],
                       block_ids: torch.Tensor) -> Forward:
         """The denoise forward unpadded and eager (the reference of the bucketed path)."""
