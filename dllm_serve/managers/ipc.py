@@ -50,9 +50,9 @@ class Receiver:
             return None
         return decode(self.sock.recv(copy=False).buffer)
 
-    def drain(self) -> list[Any]:
-        """Every message already queued, without waiting."""
+    def drain(self, limit: int | None = None) -> list[Any]:
+        """The messages already queued (at most `limit` of them), without waiting."""
         out = []
-        while self.sock.poll(0):
+        while (limit is None or len(out) < limit) and self.sock.poll(0):
             out.append(decode(self.sock.recv(copy=False).buffer))
         return out
