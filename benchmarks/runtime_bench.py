@@ -128,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the worker's --dllm-pipeline-depth in every setting")
     p.add_argument("--multi-step", default="1", choices=["1", "2", "auto"],
                    help="the worker's --dllm-multi-step in every setting")
+    p.add_argument("--admit-ahead", type=int, default=None,
+                   help="the engine's --dllm-admit-ahead in every setting (default: its own)")
     p.add_argument("--out", default=None, help="JSON results")
     ns = p.parse_args(argv)
     if ns.clients == "engine" and max(len(ns.concurrency), len(ns.w2_concurrency),
@@ -143,7 +145,7 @@ def engine_kwargs(ns: argparse.Namespace, suite: Suite, setting: Setting, model:
     kw: dict[str, Any] = {"device": ns.device, "max_running_requests": mrr,
                           "log_level": "warning", "dllm_pipeline_depth": ns.pipeline_depth,
                           "dllm_multi_step": ns.multi_step,
-                          **setting.engine}
+                          "dllm_admit_ahead": ns.admit_ahead, **setting.engine}
     if suite.algorithm is not None:
         kw.update(dllm_algorithm=suite.algorithm)
     if suite.mini:

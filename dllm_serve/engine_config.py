@@ -82,7 +82,7 @@ class EngineConfig:
             load_format=a.load_format, random_seed=a.random_seed, page_size=a.page_size,
             context_length=a.context_length, max_total_tokens=a.max_total_tokens,
             mem_fraction_static=a.mem_fraction_static,
-            max_running_requests=a.max_running_requests,
+            max_running_requests=a.max_running_requests, admit_ahead=a.admit_ahead,
             cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks,
             chunked_prefill_size=a.chunked_prefill_size)
         return WorkerConfig(runner, self.dllm, self.mode, a.log_level,
@@ -96,7 +96,7 @@ class EngineConfig:
             max_queued_requests=a.max_queued_requests,
             chunked_prefill_size=a.chunked_prefill_size, num_pages=0, page_size=0,
             random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size,
-            radix_cache=not a.disable_radix_cache)
+            radix_cache=not a.disable_radix_cache, admit_ahead=a.admit_ahead)
         return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level)
 
 

@@ -68,6 +68,11 @@ class ServerArgs:
         False, "Baseline for benchmarks: every request opens and retires blocks together "
         "(needs --no-dllm-fdfo).", boolean=True)
     max_running_requests: int = _f(16, "Most requests denoised together in one batch.")
+    dllm_admit_ahead: int | None = _f(
+        None, "Requests admitted past --max-running-requests (slot, KV pages, prefill) that "
+        "wait on the worker and join its batch in the forward after a request leaves it, "
+        "without a round trip through the scheduler; they count as queued (--max-queued-requests "
+        "bounds them with the queue). Default: max_running_requests / 4, at least 1.")
     max_queued_requests: int | None = _f(
         None, "Most requests waiting for admission; more are rejected with 503. Default: no limit.")
     max_total_tokens: int | None = _f(
@@ -135,6 +140,8 @@ class ServerArgs:
         _check(self.port > 0 and self.port < 65536, f"--port must be in 1..65535, got {self.port}")
         _check(self.max_running_requests >= 1,
                f"--max-running-requests must be >= 1, got {self.max_running_requests}")
+        _check(self.dllm_admit_ahead is None or self.dllm_admit_ahead >= 0,
+               f"--dllm-admit-ahead must be >= 0, got {self.dllm_admit_ahead}")
         _check(self.max_queued_requests is None or self.max_queued_requests >= 0,
                f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         _check(self.max_total_tokens is None or self.max_total_tokens > 0,
@@ -195,6 +202,17 @@ class ServerArgs:
         if self.dtype != "auto":
             return self.dtype
         return "bfloat16" if self.resolved_device == "cuda" else "float32"
+
+    @property
+    def admit_ahead(self) -> int:
+        """--dllm-admit-ahead, resolved: max_running_requests / 4 (at least 1) by default, at
+        most --max-queued-requests (requests admitted ahead take places of the queue)."""
+        ahead = self.dllm_admit_ahead
+        if ahead is None:
+            ahead = max(1, self.max_running_requests // 4)
+        if self.max_queued_requests is not None:
+            ahead = min(ahead, self.max_queued_requests)
+        return ahead
 
     @property
     def graph_max_blocks(self) -> int:

@@ -193,11 +193,13 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
                     wavefront: int = 1, decode: Callable[[list[int]], str] | None = None,
                     fill: int = 7, need: Callable[[int], int] | None = None,
                     radix_cache: bool = True, page_size: int | None = None,
-                    depth: int | None = None, multi_step: int = 1) -> LocalEngine:
+                    depth: int | None = None, multi_step: int = 1,
+                    ahead: int = 0) -> LocalEngine:
+    """ahead: requests the scheduler admits past mrr (the worker's batch holds mrr at most)."""
     cfg = SchedulerConfig(block_size=k, mask_id=mask, fdfo=fdfo, max_running_requests=mrr,
                           max_queued_requests=queue, chunked_prefill_size=prefill,
                           num_pages=pages, page_size=page_size or k, wavefront_size=wavefront,
-                          radix_cache=radix_cache)
+                          radix_cache=radix_cache, admit_ahead=ahead)
     algo = ScriptedFill(ScriptedConfig(fill), k, mask)
     if need is not None:
         algo.need = need  # type: ignore[method-assign]
@@ -205,4 +207,5 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
     worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(wavefront)),  # type: ignore[arg-type]
                     report_every_s=0.0, max_prefill_tokens=prefill, depth=depth,
                     multi_step=multi_step)
+    worker.flow.max_requests = mrr  # the batch's limit (rows and slots: the fake runner's 64)
     return LocalEngine(Scheduler(cfg, FinishChecker({eos}, decode)), worker)

@@ -50,6 +50,10 @@ def test_no_worker_item_slower_than_3x_the_median_round(tiny_model_dir: Path, tm
     print(f"startup {startup['worker_s']:.1f} s (warm-up {startup['warmup_s']:.1f} s); "
           f"median round {found['median_round_ms']:.3f} ms, worst {found['worst_item_kind']} "
           f"{found['worst_item_ms']:.3f} ms ({found['worst_item_ratio']:.2f}x)")
+    prefills = sorted((r for r in records if r["kind"] == "prefill"), key=lambda r: -r["gpu_ms"])
+    print("slowest prefills (tokens, device ms, host launch ms): " + ", ".join(
+        f"({r['rows']}, {r['gpu_ms']:.3f}, {1e3 * (r['t1'] - r['t0']):.3f})"
+        for r in prefills[:5]) + f" of {len(prefills)}")
     # and whatever the medians: a compile takes hundreds of rounds, the longest prefill ~3.5
     assert found["worst_item_ratio"] < 10, found
     slow = [(r["kind"], r["rows"], round(r["gpu_ms"], 3)) for r in found["slow"]]

@@ -186,6 +186,29 @@ def test_queue_limit_and_never_fits_are_rejected() -> None:
     assert outs["b"][-1].finish_reason["type"] == "length"
 
 
+def test_requests_admitted_ahead_count_as_queued() -> None:
+    """mrr 1, queue 1, one admitted ahead: "b" takes a slot past the batch's size and the
+    queue's one place, so "c" is refused; /get_server_info counts one running, one waiting.
+    A queue of 0 still admits a request that can start at once."""
+    e = scripted_engine(mrr=1, pages=16, queue=1, ahead=1)
+    for rid in "abc":
+        e.submit(rid, prompt(2), max_new_tokens=4)
+    out = {o.rid: o for o in e.sched.take_outputs()}
+    assert set(out) == {"c"} and out["c"].finish_reason["status_code"] == 503
+    assert [r.rid for r in e.sched.running.values()] == ["a", "b"] and not e.sched.waiting
+    info = e.sched.server_info()
+    assert (info["num_running_reqs"], info["num_waiting_reqs"]) == (1, 1)
+    assert all(o[-1].finish_reason["type"] == "length" for o in e.run().values())
+    with pytest.raises(ValueError, match="admit_ahead"):
+        scripted_engine(mrr=1, queue=0, ahead=1)
+    e = scripted_engine(mrr=1, pages=16, queue=0)
+    for rid in "ab":
+        e.submit(rid, prompt(2), max_new_tokens=4)
+    out = {o.rid: o for o in e.sched.take_outputs()}
+    assert set(out) == {"b"} and out["b"].finish_reason["status_code"] == 503
+    assert e.run()["a"][-1].finish_reason["type"] == "length"
+
+
 def test_request_waits_for_memory_then_completes() -> None:
     e = scripted_engine(mrr=4, pages=4)  # each request reserves 3 pages
     e.submit("a", prompt(4), max_new_tokens=8)
@@ -328,3 +351,40 @@ def test_a_request_counts_the_forwards_it_was_in_the_layout_for() -> None:
     batch.open_block(b)  # two blocks: b's second takes a row, the counts carry over
     run(1)
     assert [batch.forwards(r) for r in (a, b, c, d)] == [11] + [12] * 3
+
+
+@pytest.mark.parametrize("fdfo", [True, False])
+def test_requests_admitted_ahead_wait_on_the_worker_and_join_without_a_round_trip(
+        fdfo: bool) -> None:
+    """With admit_ahead the scheduler admits (slot, pages, prefill) past max_running_requests;
+    the worker keeps at most max_running_requests in its batch and lets a waiting request in
+    when one leaves: with FDFO in an iteration that brought it no admission (sync already
+    holds admitted requests until its batch boundary). The outputs are those without; the
+    pools end whole."""
+
+    def run(ahead: int) -> tuple[LocalEngine, int, int, int]:
+        e = scripted_engine(mrr=2, fdfo=fdfo, ahead=ahead,
+                            need=lambda start: 2 + (start // 4) % 3)
+        for i in range(7):
+            e.submit(f"r{i}", prompt(4 + i), max_new_tokens=4 * (1 + i % 3), ignore_eos=True)
+        admitted = in_batch = joined_alone = 0
+        while True:
+            before = set(e.worker.batch.reqs)
+            sent = len(e.sent)
+            if not e.step():
+                break
+            admitted = max(admitted, len(e.sched.running))
+            in_batch = max(in_batch, len(e.worker.batch.reqs))
+            new = set(e.worker.batch.reqs) - before
+            if new and not any(isinstance(x, Admit) and x.uid in new for x in e.sent[sent:]):
+                joined_alone += 1
+            e.sched.check_integrity()
+        e.assert_whole()
+        return e, admitted, in_batch, joined_alone
+
+    base, admitted, in_batch, joined_alone = run(0)
+    assert admitted == in_batch == 2 and (joined_alone == 0 or not fdfo)
+    e, admitted, in_batch, joined_alone = run(2)
+    assert admitted == 4 and in_batch == 2 and joined_alone > 0
+    assert {r: e.tokens(r) for r in base.outputs} == {r: base.tokens(r) for r in base.outputs}
+    assert not e.worker.flow.waiting and not e.worker.batch.reqs

@@ -4,8 +4,9 @@ The worker (managers/worker.py) reads step k back and refreshes what it learnt o
 (`Block.converged`, `ready`); then `advance` retires blocks and opens the next ones as the mode
 says (dllm/modes.py `plan`), and `join` lets admitted requests in. Requests are in one of three
 places: `waiting` (admitted, not yet in the batch: FDFO joins them at the next launch, sync at a
-batch boundary), the batch (`ResidentBatch`), or `parked` (in the batch without a block: the
-pages of their next block are not mapped yet). Retired blocks go to the report (`ReportBuilder`);
+batch boundary, either while the batch holds fewer than max_requests), the batch
+(`ResidentBatch`), or `parked` (in the batch without a block: the pages of their next block are
+not mapped yet). Retired blocks go to the report (`ReportBuilder`);
 a request whose block holds a stop token or reaches its max_end is dropped (the scheduler
 finishes it on the report).
 """
@@ -24,8 +25,11 @@ from dllm_serve.managers.worker_report import ReportBuilder
 
 class BlockFlow:
     def __init__(self, batch: ResidentBatch, report: ReportBuilder, mode: RoundMode,
-                 block_size: int) -> None:
+                 block_size: int, max_requests: int) -> None:
+        """max_requests: most requests in the batch at once; admitted ones past it wait (the
+        scheduler admits some ahead, so that they join as soon as a request leaves)."""
         self.batch, self.report, self.mode, self.k = batch, report, mode, block_size
+        self.max_requests = max_requests
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
@@ -57,6 +61,11 @@ class BlockFlow:
             req.alive = False
         else:
             self.batch.drop(req)
+
+    @property
+    def joinable(self) -> bool:
+        """Some admitted request waits and the batch has room for it."""
+        return bool(self.waiting) and len(self.batch.reqs) < self.max_requests
 
     def flag(self, req: DeviceReq) -> None:
         """FDFO: a refresh found one of the request's blocks converged or ready."""
@@ -99,13 +108,15 @@ class BlockFlow:
         self.boundary |= p.boundary or not any_active
 
     def join(self) -> None:
-        """Admitted requests join, and requests without a block (pages were missing) open
-        one: at once with FDFO; with sync at a batch boundary or when the batch is empty."""
+        """Admitted requests join (in admission order, while the batch holds fewer than
+        max_requests), and requests without a block (pages were missing) open one: at once
+        with FDFO; with sync at a batch boundary or when the batch is empty."""
         if not (self.mode.fdfo or self.boundary or self.batch.num_rows == 0):
             return
-        for req in self.waiting:
+        room = max(0, self.max_requests - len(self.batch.reqs))
+        for req in self.waiting[:room]:
             self.batch.add(req)
-        self.waiting = []
+        self.waiting = self.waiting[room:]
         parked, self.parked = self.parked, []
         for req in parked:
             if req.alive and not req.blocks and self._can_open(req):

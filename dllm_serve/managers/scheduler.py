@@ -56,7 +56,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, finish: FinishChecker) -> None:
         self.config = config
         self.finish = finish
-        self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_running_requests,
+        self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_admitted,
                                  config.radix_cache)
         self.waiting: deque[Req] = deque()
         self.running: dict[int, Req] = {}  # by uid, admission order
@@ -125,12 +125,26 @@ class Scheduler:
                                 f"(prompt + max_new_tokens, whole blocks), more than the whole "
                                 f"KV pool holds ({self.alloc.pages.size * self.config.page_size}"
                                 f"; see --max-total-tokens). Reduce the prompt or max tokens.")
-        limit = self.config.max_queued_requests
-        if limit is not None and len(self.waiting) >= limit:
-            self._admit()  # requests that can start now are not queued (a burst at idle)
-            if len(self.waiting) >= limit:
-                return self._reject(req, 503, "The request queue is full.")
         self.waiting.append(req)
+        limit = self.config.max_queued_requests
+        if limit is not None and self.num_queued > limit:
+            self._admit()  # requests that can start now are not queued (a burst at idle)
+            if self.num_queued > limit:  # it waits, and waits last (admission is FIFO)
+                self.waiting.pop()
+                return self._reject(req, 503, "The request queue is full.")
+
+    @property
+    def num_in_batch(self) -> int:
+        """Admitted requests counted as running: at most max_running_requests (the worker's
+        batch size); those admitted ahead past it wait on the worker (a forward after a
+        request leaves, one of them takes its place)."""
+        return min(len(self.running), self.config.max_running_requests)
+
+    @property
+    def num_queued(self) -> int:
+        """Requests counted as queued (bounded by max_queued_requests): those waiting for
+        admission and those admitted ahead, prefilled, waiting to join the batch."""
+        return len(self.waiting) + len(self.running) - self.num_in_batch
 
     def abort(self, msg: AbortReq) -> None:
         for req in [r for r in self.waiting if msg.abort_all or r.rid == msg.rid]:
@@ -175,8 +189,13 @@ class Scheduler:
     # ---- admission --------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        """Admit waiting requests, first come first served, while memory allows and fewer than
+        max_running_requests + admit_ahead hold a slot: the `admit_ahead` past the batch's
+        size wait on the worker, prefilled, and take a finished request's place in the very
+        forward after it leaves (the worker keeps at most max_running_requests in its batch),
+        instead of after a round trip through this process."""
         new = []
-        while self.waiting and len(self.running) < self.config.max_running_requests:
+        while self.waiting and len(self.running) < self.config.max_admitted:
             req = self.waiting[0]
             match = self.alloc.match(req.input_ids)
             if not self.alloc.can_admit(req.max_end, match):
@@ -302,7 +321,7 @@ class Scheduler:
             "radix_cache": {"cached_pages": s["cached_pages"],
                             "evictable_pages": s["evictable_pages"],
                             **self.pages.prompt_tokens},
-            "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
+            "num_running_reqs": self.num_in_batch, "num_waiting_reqs": self.num_queued,
             "block_size": self.config.block_size, "dllm_fdfo": self.config.fdfo,
             "stats": dict(self.stats),
         }

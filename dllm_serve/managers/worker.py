@@ -108,7 +108,8 @@ class Worker:
         self.run: DenoiseRun | None = None
         self.prepared: Layout | None = None
         self.report = ReportBuilder(report_every_s)
-        self.flow = BlockFlow(self.batch, self.report, mode, self.k)  # retire / open / join
+        self.flow = BlockFlow(self.batch, self.report, mode, self.k,  # retire / open / join
+                              runner.max_requests)
         self.wait_s = 0.0  # time spent waiting for the device's readouts (for the trace)
         # host seconds per phase of iterate (for the trace): the scheduler's changes (prefill
         # launches among them), join + launch, readback (its wait included) + retire / open
@@ -125,8 +126,9 @@ class Worker:
 
     @property
     def idle(self) -> bool:
-        """Nothing on the device and nothing in flight: wait for the scheduler."""
-        return self.batch.num_rows == 0 and not self.inflight and not self.flow.waiting
+        """Nothing on the device, nothing in flight, no admitted request that may join: wait
+        for the scheduler."""
+        return self.batch.num_rows == 0 and not self.inflight and not self.flow.joinable
 
     # ---- one iteration ------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ class RunnerConfig:
     max_total_tokens: int | None = None
     mem_fraction_static: float = 0.85
     max_running_requests: int = 16
+    admit_ahead: int = 0  # request slots past max_running_requests (admitted, waiting to join)
     cuda_graphs: bool = False
     graph_max_blocks: int = 16
     chunked_prefill_size: int = 4096  # the scheduler's prefill budget (model/buckets.py)
@@ -100,10 +101,10 @@ class ModelRunner:
         max_pages_per_req = -(-(context + self.block_size) // self.page_size)
         bytes_per_token = 2 * layers * kv_heads * head_dim * self.dtype.itemsize
         num_pages = self._num_pages(cfg, context, bytes_per_token)
+        slots = cfg.max_running_requests + cfg.admit_ahead  # request slots (their page tables)
         self.kv = KVCache(layers, num_pages + 1, self.page_size, kv_heads, head_dim,
-                          cfg.max_running_requests + 1, max_pages_per_req, self.dtype,
-                          self.device)
-        self.scratch_slot = cfg.max_running_requests  # its one page: the last one
+                          slots + 1, max_pages_per_req, self.dtype, self.device)
+        self.scratch_slot = slots  # its one page: the last one
         self.kv.map_pages(self.scratch_slot, 0, np.array([num_pages]))
         self.attn = ATTENTION_BACKENDS.get(cfg.attention_backend)(
             self.kv, heads, head_dim, self.model.attn_scale)
@@ -117,6 +118,7 @@ class ModelRunner:
 
     @property
     def max_requests(self) -> int:
+        """Most requests in the device batch at once (more may hold slots, waiting to join)."""
         return self.cfg.max_running_requests
 
     @property
