@@ -72,7 +72,8 @@ class ServerArgs:
         None, "Requests admitted past --max-running-requests (slot, KV pages, prefill) that "
         "wait on the worker and join its batch in the forward after a request leaves it, "
         "without a round trip through the scheduler; they count as queued (--max-queued-requests "
-        "bounds them with the queue). Default: max_running_requests / 4, at least 1.")
+        "bounds them with the queue). Default: --max-running-requests (short requests leave a "
+        "slot every forward or two, and the round trip takes several forwards).")
     max_queued_requests: int | None = _f(
         None, "Most requests waiting for admission; more are rejected with 503. Default: no limit.")
     max_total_tokens: int | None = _f(
@@ -205,11 +206,11 @@ class ServerArgs:
 
     @property
     def admit_ahead(self) -> int:
-        """--dllm-admit-ahead, resolved: max_running_requests / 4 (at least 1) by default, at
-        most --max-queued-requests (requests admitted ahead take places of the queue)."""
+        """--dllm-admit-ahead, resolved: max_running_requests by default, at most
+        --max-queued-requests (requests admitted ahead take places of the queue)."""
         ahead = self.dllm_admit_ahead
         if ahead is None:
-            ahead = max(1, self.max_running_requests // 4)
+            ahead = self.max_running_requests
         if self.max_queued_requests is not None:
             ahead = min(ahead, self.max_queued_requests)
         return ahead

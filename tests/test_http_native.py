@@ -49,8 +49,8 @@ def test_generate_stream_is_cumulative_and_matches(server: Server) -> None:
 def test_server_and_model_info(server: Server) -> None:
     info = pools_whole(server)
     assert info["served_model_name"] == "tiny" and info["context_length"] == 4096
-    # slots: 8 running and the 2 admitted ahead (--dllm-admit-ahead's default, 8 / 4)
-    assert info["kv_pool"]["total_pages"] > 0 and info["req_pool"]["total_slots"] == 8 + 2
+    # slots: 8 running and 8 admitted ahead (--dllm-admit-ahead's default: as many)
+    assert info["kv_pool"]["total_pages"] > 0 and info["req_pool"]["total_slots"] == 8 + 8
     assert {"num_running_reqs", "num_waiting_reqs", "stats", "version"} <= set(info)
     model = server.get("/get_model_info").json()
     assert model["is_generation"] and model["served_model_name"] == "tiny"
