@@ -81,7 +81,7 @@ class Engine:
                   stream: bool) -> tuple[bool, list[tuple[list[int], SamplingParams, str | None]]]:
         """(is it a batch, one (ids, params, rid) per engine request), each validated."""
         batch, prompts = normalize_prompts(prompt, input_ids)
-        ids = [p if isinstance(p, list) else self.front.tokenize(p) for p in prompts]
+        ids = self.front.tokenize_all(prompts)
         params = per_prompt_params(sampling_params, len(ids))
         rids = [rid] if isinstance(rid, str) else (rid or [None] * len(ids))
         if len(rids) != len(ids):

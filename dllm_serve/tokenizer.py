@@ -90,6 +90,12 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """`encode` of each text, the texts spread over the tokenizer's threads."""
+        encs = self._tok.encode_batch(texts, add_special_tokens=False)
+        bos = self.bos_token_id if add_special_tokens and self.add_bos_token else None
+        return [enc.ids if bos is None else [bos, *enc.ids] for enc in encs]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 

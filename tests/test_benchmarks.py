@@ -504,3 +504,15 @@ def test_torch_attention_groups_benchmark(tmp_path: Path) -> None:
     assert rows[0]["groups_per_forward"] == 1.0 < rows[1]["groups_per_forward"]
     assert all(r["ms_per_forward"] > 0 for r in rows)
     assert attention.GROUP_COST == before
+
+
+def test_front_tokenize_benchmark(tmp_path: Path) -> None:
+    """benchmarks/front_tokenize.py: both ways timed (it asserts they give the same ids) and
+    saved."""
+    from benchmarks import front_tokenize as bench
+
+    out = tmp_path / "tok.json"
+    got = bench.main(["--prompts", "32", "--repeats", "1", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["one_by_one_ms"] == got["one_by_one_ms"] > 0
+    assert saved["batch_ms"] == got["batch_ms"] > 0

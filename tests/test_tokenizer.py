@@ -64,6 +64,15 @@ def test_no_bos_by_default_and_bos_when_configured(tok, tiny_model_dir, tmp_path
     assert bos_tok.encode("hi") == [tok.bos_token_id, *tok.encode("hi")]
 
 
+def test_encode_batch_is_encode_of_each(tok, tiny_model_dir, tmp_path) -> None:
+    texts = ["Ducks 🦆 lay 16 eggs.", "<role>HUMAN</role>hi<|role_end|>", "x" * 300, "héllo"]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    bos_tok = Tokenizer.load(_with_config(tiny_model_dir, tmp_path / "t", add_bos_token=True))
+    assert bos_tok.encode_batch(texts) == [bos_tok.encode(t) for t in texts]
+    assert bos_tok.encode_batch(texts, add_special_tokens=False) == [
+        bos_tok.encode(t, add_special_tokens=False) for t in texts]
+
+
 def test_incremental_decode_grows_a_prefix(tok) -> None:
     text = "Ducks 🦆 lay 16 eggs, héllo."
     ids = tok.encode(text)

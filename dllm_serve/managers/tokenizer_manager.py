@@ -100,6 +100,13 @@ class TokenizerManager:
     def tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer.encode(prompt)
 
+    def tokenize_all(self, prompts: list[str] | list[list[int]]) -> list[list[int]]:
+        """Each prompt's ids: id lists as they are, texts tokenized together (a batch of texts
+        is split over the tokenizer's threads instead of encoded one by one)."""
+        if len(prompts) > 1 and all(isinstance(p, str) for p in prompts):
+            return self.tokenizer.encode_batch(prompts)  # type: ignore[arg-type]
+        return [p if isinstance(p, list) else self.tokenize(p) for p in prompts]
+
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (400) for anything the engine cannot serve; a max_new_tokens
         left out becomes its default or `room()`, whichever is smaller. An explicit one that
