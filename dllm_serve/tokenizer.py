@@ -85,16 +85,18 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids; a BOS first only with add_bos_token and add_special_tokens."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
-            ids = [self.bos_token_id, *ids]
-        return ids
+        return self._with_bos(self._tok.encode(text, add_special_tokens=False).ids,
+                              add_special_tokens)
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """`encode` of each text, the texts spread over the tokenizer's threads."""
-        encs = self._tok.encode_batch(texts, add_special_tokens=False)
-        bos = self.bos_token_id if add_special_tokens and self.add_bos_token else None
-        return [enc.ids if bos is None else [bos, *enc.ids] for enc in encs]
+        return [self._with_bos(enc.ids, add_special_tokens)
+                for enc in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def _with_bos(self, ids: list[int], add_special_tokens: bool) -> list[int]:
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            return [self.bos_token_id, *ids]
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

@@ -113,10 +113,11 @@ class BlockFlow:
         with FDFO; with sync at a batch boundary or when the batch is empty."""
         if not (self.mode.fdfo or self.boundary or self.batch.num_rows == 0):
             return
-        room = max(0, self.max_requests - len(self.batch.reqs))
-        for req in self.waiting[:room]:
-            self.batch.add(req)
-        self.waiting = self.waiting[room:]
+        room = self.max_requests - len(self.batch.reqs)
+        if self.waiting and room > 0:
+            joining, self.waiting = self.waiting[:room], self.waiting[room:]
+            for req in joining:
+                self.batch.add(req)
         parked, self.parked = self.parked, []
         for req in parked:
             if req.alive and not req.blocks and self._can_open(req):
