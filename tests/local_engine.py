@@ -163,6 +163,10 @@ class FakeRunner:
             row.clear()
         row.update({first + i: int(p) for i, p in enumerate(pages)})
 
+    def add_pages_many(self, writes: list[tuple[int, int, np.ndarray]]) -> None:
+        for write in writes:
+            self.add_pages(*write)
+
     def prefill(self, slots: list[int], seg_starts: list[int],
                 token_ids: list[np.ndarray]) -> None:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 from dllm_serve.mem.allocator import KVAllocator
+from dllm_serve.mem.kv_cache import KVCache
 from dllm_serve.mem.pools import IdPool
 
 
@@ -38,3 +41,37 @@ def test_allocator_reserves_then_allocates_lazily_and_releases_once() -> None:
     alloc.release(h)  # exactly once: the second call is a no-op
     assert alloc.stats()["free_pages"] == 8 and alloc.reserved == 0
     alloc.check([])
+
+
+def _page_table_after(device: str, writes: list[tuple[int, int, list[int]]],
+                      together: bool) -> list[list[int]]:
+    kv = KVCache(1, 64, 4, 1, 8, 3, 6, torch.float32, torch.device(device))
+    w = [(s, f, np.asarray(p, dtype=np.int64)) for s, f, p in writes]
+    if together:
+        kv.map_pages_many(w)
+    else:
+        for write in w:
+            kv.map_pages(*write)
+    return kv.req_to_page.cpu().tolist()
+
+
+WRITES = [(0, 0, [5, 6, 7]), (2, 1, [9]), (1, 0, [1, 2]), (0, 3, [8, 10, 11]),
+          (1, 0, [40, 41, 42]), (2, 0, [3])]  # slot 1's entries 0, 1 written twice: last holds
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_page_writes_together_equal_one_by_one(device: str) -> None:
+    """The worker maps an iteration's pages in one copy + scatter: the table is the one the
+    writes one by one make, a repeated entry holding its last write."""
+    assert (_page_table_after(device, WRITES, together=True)
+            == _page_table_after(device, WRITES, together=False))
+    assert _page_table_after(device, WRITES, True)[1][:3] == [40, 41, 42]
+    assert (_page_table_after(device, WRITES[:1], True)
+            == _page_table_after(device, WRITES[:1], False))
+
+
+def test_page_writes_past_the_table_are_refused() -> None:
+    kv = KVCache(1, 64, 4, 1, 8, 2, 4, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="needs 5 pages"):
+        kv.map_pages_many([(0, 0, np.arange(2)), (1, 2, np.arange(3))])
+    assert (kv.req_to_page == -1).all()  # nothing written

@@ -103,6 +103,9 @@ class ScriptedLogits:
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         pass
 
+    def add_pages_many(self, writes: list[tuple[int, int, np.ndarray]]) -> None:
+        pass
+
     def warm_up(self, ids: object, step: object, width: int, before, rows=None,  # type: ignore[no-untyped-def]
                 replayed=None) -> None:
         self.before = before  # the worker's staged row writes, first in every forward

@@ -148,13 +148,11 @@ class Worker:
         forward inside its launch: nothing to overlap) the changes come first."""
         t0 = time.monotonic()
         head = _cheap_head(items) if self.pacing.overlap else len(items)
-        for item in merge_prefills(items[:head], self.max_prefill_tokens):
-            self.apply(item)
+        self.apply_all(merge_prefills(items[:head], self.max_prefill_tokens))
         t1 = time.monotonic()
         early = self._launch()
         t2 = time.monotonic()
-        for item in merge_prefills(items[head:], self.max_prefill_tokens):
-            self.apply(item)
+        self.apply_all(merge_prefills(items[head:], self.max_prefill_tokens))
         t3 = time.monotonic()
         launches = early or self._launch()  # an idle worker runs what it was just given
         t4 = time.monotonic()
@@ -179,10 +177,26 @@ class Worker:
 
     # ---- changes from the scheduler -----------------------------------------------------
 
+    def apply_all(self, items: list[WorkItem]) -> None:
+        """Apply the items in order. Their page mappings reach the device together (one copy
+        and one scatter, `add_pages_many`) before the first prefill after them, which writes
+        through the page table, and at the end, before any forward is launched."""
+        pages: list[tuple[int, int, np.ndarray]] = []
+        for item in items:
+            if isinstance(item, AddPages):
+                self.flow.map_pages(item.slot, item.first, len(item.pages), self.runner.page_size)
+                pages.append((item.slot, item.first, item.pages))
+                continue
+            if pages and isinstance(item, Prefill):
+                self.runner.add_pages_many(pages)
+                pages = []
+            self.apply(item)
+        if pages:
+            self.runner.add_pages_many(pages)
+
     def apply(self, item: WorkItem) -> None:
         if isinstance(item, AddPages):
-            self.runner.add_pages(item.slot, item.first, item.pages)
-            self.flow.map_pages(item.slot, item.first, len(item.pages), self.runner.page_size)
+            self.apply_all([item])
         elif isinstance(item, Prefill):
             self._trace("prefill", lambda: self.runner.prefill(item.slots, item.seg_starts,
                                                                item.token_ids),

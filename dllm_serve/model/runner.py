@@ -29,7 +29,7 @@ from torch import nn
 from dllm_serve.layers.attention import ATTENTION_BACKENDS
 from dllm_serve.layers.fused import set_kernel_backend
 from dllm_serve.layers.moe import set_moe_backend
-from dllm_serve.mem.kv_cache import KVCache
+from dllm_serve.mem.kv_cache import KVCache, PageWrite
 from dllm_serve.model.buckets import prefill_budget
 from dllm_serve.model.config import ModelConfig
 from dllm_serve.model.denoise_run import DenoiseRun, Hook
@@ -240,6 +240,10 @@ class ModelRunner:
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         """Map page-table entries [first, first + len(pages)) of the request in `slot`."""
         self.kv.map_pages(slot, first, pages)
+
+    def add_pages_many(self, writes: list[PageWrite]) -> None:
+        """Several `add_pages` (slot, first, pages) at once, in order: one copy to the device."""
+        self.kv.map_pages_many(writes)
 
     @torch.inference_mode()
     def prefill(self, slots: list[int], seg_starts: list[int],
