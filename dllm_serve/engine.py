@@ -190,7 +190,7 @@ def per_prompt_params(params: Params, n: int) -> list[SamplingParams]:
         if len(params) != n:
             raise RequestError("sampling_params must have one entry per prompt")
         return [_parse(p) for p in params]
-    return [_parse(params) for _ in range(n)]
+    return [_parse(params)] * n  # one object: expand_n gives each request its own copy
 
 
 def expand_n(ids: list[list[int]], params: list[SamplingParams], rids: list[str | None],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Final
 
 from dllm_serve.errors import RequestError
@@ -154,8 +155,10 @@ FIELDS: Final[dict[str, Unused]] = {
 }
 
 
+@cache
 def fields_of(scope: str) -> dict[str, Unused]:
-    """The table's fields that may appear in `scope` (CHAT includes OPENAI's)."""
+    """The table's fields that may appear in `scope` (CHAT includes OPENAI's). Made once per
+    scope (every request asks): the caller must not change it."""
     scopes = {scope, OPENAI} if scope == CHAT else {scope}
     return {name: f for name, f in FIELDS.items() if f.scopes & scopes}
 

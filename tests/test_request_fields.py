@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from dllm_serve.engine import expand_n, per_prompt_params
 from dllm_serve.errors import RequestError
 from dllm_serve.http import protocol
 from dllm_serve.request_fields import (
@@ -90,3 +91,15 @@ def test_tiny_temperatures_decode_greedily(t: float, greedy: bool) -> None:
 def test_integer_and_regex_settings_are_checked(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams.from_dict({"max_new_tokens": 4, **bad}).verify(vocab_size=100)
+
+
+def test_one_params_dict_for_a_batch_gives_each_request_its_own_params() -> None:
+    """A dict for all prompts is parsed once; each request still gets its own SamplingParams
+    (validation fills in a prompt's own max_new_tokens default and changes nothing else's)."""
+    params = per_prompt_params({"temperature": 0.5, "stop": ["x"]}, 3)
+    requests = expand_n([[1], [2, 3], [4]], params, [None, None, None])
+    ps = [p for _, p, _ in requests]
+    assert len({id(p) for p in ps}) == 3 and len({id(p.stop) for p in ps}) == 3
+    ps[0].max_new_tokens = 7
+    ps[1].stop.append("y")
+    assert ps[2].max_new_tokens is None and ps[2].stop == ["x"] and ps[2].temperature == 0.5
