@@ -302,6 +302,24 @@ def test_pacing_follows_the_hosts_wait(knob: str) -> None:
     assert (cpu.depth, cpu.multi_step, cpu.most_in_flight) == (1, 1, 2)
 
 
+def test_auto_depth_goes_deep_before_multi_step() -> None:
+    """With long blocks, depth goes to 2 once the host's wait for a readout stays under a
+    quarter millisecond (bursts of bookkeeping would otherwise leave the device idle), while
+    multi-step waits until the host no longer waits at all; a device-bound wait (milliseconds)
+    brings both back to 1."""
+    p = Pacing(None, None, cuda=True)
+    p.retired([26] * 100)
+    for _ in range(30):
+        p.observe(0.00015)
+    assert (p.depth, p.multi_step) == (2, 1)
+    for _ in range(30):
+        p.observe(0.0006)
+    assert (p.depth, p.multi_step) == (2, 1)  # between the bounds: no change
+    for _ in range(30):
+        p.observe(0.005)
+    assert (p.depth, p.multi_step) == (1, 1)
+
+
 def test_auto_depth_needs_long_blocks() -> None:
     """Auto depth stays 1 while the retired blocks are short (its extra forward a block would
     cost more than the idle it saves), goes to 2 once they are long and the host is the
