@@ -48,9 +48,10 @@ class ServerArgs:
         2, "FlowBlock wavefront: most blocks per request denoised at once (1 = block by block).")
     dllm_pipeline_depth: str = _f(
         "auto", "Forwards the worker keeps queued on the GPU while it reads the oldest back: 1, "
-        "2, or auto (2 while the host is the bottleneck, as with a small model and many "
-        "requests, and blocks take 16 forwards or more; else 1; 1 on the CPU). With 2 a "
-        "finished block takes one extra, no-op forward.",
+        "2, or auto (2 while the host's work takes most of each forward, its wait for a "
+        "readout under 0.25 ms, as with a small model and many requests, and blocks take 16 "
+        "forwards or more; 1 once it waits over 1 ms; 1 on the CPU). With 2 a finished block "
+        "takes one extra, no-op forward.",
         choices=PACING)
     dllm_multi_step: str = _f(
         "1", "Forwards the worker launches over one batch layout per pass of its bookkeeping "

@@ -22,7 +22,9 @@ retires and admits more than the average outlasts the forward queued behind it a
 idles: run 64 of that README, the built-in model at 16 / 32 / 64 requests, FDFO, best of 2: depth
 2 37,049 / 65,239 / 103,761 tok/s with idle 0.85 / 0.83 / 0.58%, depth 1 37,413 / 64,680 /
 97,655 with 1.9-4.4 / 4.7-7.7 / 9.4-10.0%, the earlier auto, which stayed at 1 until the wait
-fell under WAIT_LOW_S, 36,376 / 63,413 / 100,530 with up to 1.7 / 5.9 / 2.2%); each goes back
+fell under WAIT_LOW_S, 36,376 / 63,413 / 100,530 with up to 1.7 / 5.9 / 2.2%; run 65, against
+depth 1 with sync interleaved: FDFO idle at 32 / 64 1.0-2.8 / 0.7-2.3% against 4.3-11.2 /
+4.5-4.9%, tok/s of both modes within the spread); each goes back
 to one once the wait exceeds WAIT_HIGH_S (the device is the bottleneck); hysteresis in
 between. Depth 2 also needs long blocks: its extra forward per block
 delays each request's next block by one forward (1 / (F + 1) of its pace for blocks of F
