@@ -61,6 +61,15 @@ def test_every_wire_message_round_trips() -> None:
         assert same(m.decode(m.encode(msg)), msg), msg
 
 
+def test_decoded_arrays_are_writable() -> None:
+    """Arrays sent as raw bytes come back as arrays of their own (torch.from_numpy warns on a
+    read-only one, e.g. when the worker copies a page list into the CPU page table)."""
+    admit, pages = (m.decode(m.encode(next(x for x in EXAMPLES if isinstance(x, kind))))
+                    for kind in (m.Admit, m.AddPages))
+    for a in (admit.blocks, admit.settings.stop_ids, pages.pages):
+        assert a.flags.writeable
+
+
 def test_codec_refuses_what_is_not_a_message() -> None:
     with pytest.raises(TypeError):
         m.encode({"not": "a message"})

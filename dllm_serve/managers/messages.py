@@ -334,9 +334,10 @@ def _raw(a: np.ndarray) -> bytes:
 
 
 def _ints(data: bytes, shape: tuple[int, ...]) -> np.ndarray:
-    """The int64 array of `_raw` bytes: read-only (a view of the message's bytes). A pickled
-    numpy array costs several microseconds to encode and decode; raw bytes a fraction."""
-    return np.frombuffer(data, dtype=np.int64).reshape(shape)
+    """The int64 array of `_raw` bytes, its own (writable) copy: a view of the message's bytes
+    would be read-only, which torch.from_numpy warns about. A pickled numpy array costs several
+    microseconds to encode and decode; raw bytes a fraction."""
+    return np.frombuffer(data, dtype=np.int64).reshape(shape).copy()
 
 
 def encode(msg: object) -> bytes:
