@@ -270,11 +270,11 @@ class Retired:
                                  self.req_forwards)):
             table[:, j] = col
         table[:, 5:] = ids
-        return _unpack_retired, (table.tobytes(), table.shape)
+        return _unpack_retired, (_raw(table), table.shape)
 
 
 def _unpack_retired(data: bytes, shape: tuple[int, int]) -> Retired:
-    table = np.frombuffer(data, dtype=np.int64).reshape(shape).copy()
+    table = _ints(data, shape)
     return Retired(table[:, 0], table[:, 1], table[:, 5:], table[:, 2], table[:, 3], table[:, 4])
 
 

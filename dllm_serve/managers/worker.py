@@ -195,9 +195,8 @@ class Worker:
             self.runner.add_pages_many(pages)
 
     def apply(self, item: WorkItem) -> None:
-        if isinstance(item, AddPages):
-            self.apply_all([item])
-        elif isinstance(item, Prefill):
+        """One change other than AddPages (`apply_all` maps pages in batches)."""
+        if isinstance(item, Prefill):
             self._trace("prefill", lambda: self.runner.prefill(item.slots, item.seg_starts,
                                                                item.token_ids),
                         sum(len(t) for t in item.token_ids))

@@ -33,10 +33,7 @@ class KVCache:
 
     def map_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         """Write page-table entries [first, first + len(pages)) of request slot `slot`."""
-        end = first + len(pages)
-        if end > self.max_pages_per_req:
-            raise ValueError(f"request needs {end} pages, the table holds "
-                             f"{self.max_pages_per_req}")
+        end = self._end(first, pages)
         copy_to_device(self.req_to_page[slot, first:end], np.asarray(pages, dtype=np.int64))
 
     def map_pages_many(self, writes: list[PageWrite]) -> None:
@@ -49,9 +46,7 @@ class KVCache:
         width = self.max_pages_per_req
         flat, vals = [], []
         for slot, first, pages in writes:
-            end = first + len(pages)
-            if end > width:
-                raise ValueError(f"request needs {end} pages, the table holds {width}")
+            end = self._end(first, pages)
             flat.append(np.arange(slot * width + first, slot * width + end, dtype=np.int64))
             vals.append(np.asarray(pages, dtype=np.int64))
         index, value = np.concatenate(flat), np.concatenate(vals)
@@ -59,6 +54,14 @@ class KVCache:
         last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
         both = to_device(np.stack([index[last], value[last]]), self.req_to_page.device)
         self.req_to_page.view(-1).index_copy_(0, both[0], both[1])
+
+    def _end(self, first: int, pages: np.ndarray) -> int:
+        """The entry after a write of `pages` from `first`; ValueError past the table."""
+        end = first + len(pages)
+        if end > self.max_pages_per_req:
+            raise ValueError(f"request needs {end} pages, the table holds "
+                             f"{self.max_pages_per_req}")
+        return end
 
     def slots(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slot of each absolute position; req_slots and positions broadcast together."""
