@@ -301,7 +301,7 @@ def test_attention_tune_matches_the_default_launch() -> None:
     from benchmarks import attention_tune
     from dllm_serve.kernels import block_attention as ba
 
-    before = (ba.BLOCK_M, ba.LAUNCHES)
+    before = (ba.MAX_BLOCK_M, ba.TILE_TOKENS, ba.LAUNCHES)
     result = attention_tune.main(["--device", "cpu", "--batch-sizes", "2", "--prefixes", "64",
                                   "--block-m", "64", "128", "--block-n", "32", "--warps", "4",
                                   "--stages", "2", "--programs-per-sm", "1", "--iters", "1",
@@ -309,7 +309,7 @@ def test_attention_tune_matches_the_default_launch() -> None:
     rows = result["rows"]
     assert len(rows) == 2 and all("error" not in r for r in rows)
     assert all(r["max_abs_err"] < 0.05 and r["us"] > 0 for r in rows)
-    assert (ba.BLOCK_M, ba.LAUNCHES) == before
+    assert (ba.MAX_BLOCK_M, ba.TILE_TOKENS, ba.LAUNCHES) == before
 
 
 def test_moe_tune_smoke_on_the_cpu(tmp_path: Path) -> None:

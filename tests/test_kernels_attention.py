@@ -167,10 +167,28 @@ def test_launch_per_bucket_on_an_h200() -> None:
     both launches are checked against the reference above (splits=1 and splits > 1)."""
     from dllm_serve.kernels.block_attention import choose_launch
 
-    warps = {b: choose_launch(choose_num_splits(b, 4, 132)).num_warps
+    warps = {b: choose_launch(choose_num_splits(b, 4, 132), 128).num_warps
              for b in (1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 128, 256)}
     assert warps == {1: 8, 2: 8, 4: 8, 8: 8, 16: 8, 24: 8, 32: 8, 40: 4, 48: 4, 64: 4,
                      128: 4, 256: 4}
+
+
+def test_tiles_hold_one_block_without_empty_rows() -> None:
+    """A tile holds at most 32 tokens (a denoise block) and at most 128 rows, padded to a power
+    of two: G = 4 (LLaDA2.0-mini) 32 tokens in 128 rows as before, G = 2 (the built-in model)
+    32 in 64 (it had 64 tokens, half of each denoise tile empty), G = 1 32 in 32, G = 8 16 in
+    128; tiles of <= 64 rows take their own launch (64 keys, 4 warps, 2 stages)."""
+    from dllm_serve.kernels.block_attention import choose_launch, tile_rows, tokens_per_tile
+
+    geometry = {g: (tokens_per_tile(g), tile_rows(tokens_per_tile(g), g)) for g in (1, 2, 4, 8)}
+    assert geometry == {1: (32, 32), 2: (32, 64), 4: (32, 128), 8: (16, 128)}
+    assert tile_rows(8, 1) == 16  # the smallest product
+    for splits in (1, 4, 32):
+        assert choose_launch(splits, 64).block_n == 64
+        assert choose_launch(splits, 64).num_warps == 4
+        assert choose_launch(splits, 128).block_n == 32
+    with pytest.raises(ValueError, match="heads per KV head"):
+        tokens_per_tile(16)
 
 
 MINI = Shape(heads=16, kv_heads=4, head_dim=128, block=32, page=32)

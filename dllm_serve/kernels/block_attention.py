@@ -8,8 +8,11 @@ slot = req_to_page[req, k // page_size] * page_size + k % page_size.
 
 Work split. A *tile* is up to `TQ` consecutive query tokens of one segment, for all `G` query
 heads that share one KV head (GQA): BLOCK_M = TQ * G rows (padded to a power of two), so each
-K/V tile is loaded once for G heads. Grid = (tiles, kv_heads, splits). With splits > 1 (long
-prefixes at small batch) each program covers one slice of the tile's key range and writes a
+K/V tile is loaded once for G heads. TQ is at most TILE_TOKENS (one 32-token block: what a
+denoise segment holds) and at most MAX_BLOCK_M // G, so a denoise tile has no empty rows: 128
+rows at LLaDA2.0-mini's 16 / 4 heads, 64 at the built-in model's 4 / 2 (where tiles of 64
+tokens left half of each denoise tile empty). Grid = (tiles, kv_heads, splits). With splits > 1
+(long prefixes at small batch) each program covers one slice of the tile's key range and writes a
 normalised partial output and its log2-sum-exp to a workspace; `_combine_kernel` merges them.
 Softmax is online (flash-attention style) in fp32, in the log2 domain. Key steps that every row
 of a tile sees (all of a denoise block's prefix and block) run without the mask, and with pages
@@ -40,7 +43,8 @@ from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.utils.device import to_device
 
 LOG2E = 1.4426950408889634
-BLOCK_M = 128  # query rows (tokens x grouped heads) per tile
+MAX_BLOCK_M = 128  # query rows (tokens x grouped heads) per tile, at most
+TILE_TOKENS = 32  # query tokens per tile, at most
 TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_len, token offset)
 # The split-K combine: (token, head) rows per program at most, and programs per SM at least where
 # the rows allow. 64 rows per program left 8 programs for B=1 at LLaDA2.0-mini's heads (32 tokens
@@ -58,8 +62,12 @@ class Launch:
     num_stages: int
 
 
-# The launch by key-range splits (the one table; a plan's split count is fixed per bucket, so
-# each bucket has its launch): the first row whose bound holds the plan's splits. With split-K
+# The launch by tile rows and key-range splits (the one table; a plan's tile rows and split count
+# are fixed per bucket, so each bucket has its launch): the first row whose bounds hold the
+# plan's. Tiles of <= 64 rows (the built-in model's 2 heads a KV head x 32 tokens): 64 keys, 4
+# warps, 2 stages, the fastest at B = 16 / 24 / 32, prefix ~256, 4 / 2 heads of 64 (7.7 / 8.4 /
+# 8.8 us a layer against 8.9 / 10.3 / 10.8 for 128-row tiles of 64 tokens with the 8-warp launch:
+# results/h200/gpupath/attention_tune_builtin_<commit>.json). 128-row tiles: with split-K
 # (small batches, where the tiles alone leave SMs idle) 32 keys, 8 warps, 3 stages: the fastest
 # launch keeping BLOCK_M = 128 at B=16 and 32, prefix ~4k, LLaDA2.0-mini's heads, in
 # benchmarks/attention_tune.py on an H200 (results/h200/attention_tune.json: 83 / 144 us per
@@ -70,14 +78,16 @@ class Launch:
 # at B=64 it took 86.7 / 285.4 us per layer at prefix ~1k / ~4k against 115.0 / 392.8 for the
 # earlier 64 keys, 8 warps, 2 stages, and 122.4 / 430.0 for 32 keys with 8 warps
 # (results/h200/gpupath/attention_tune_b64_1844ce3.json).
-LAUNCHES: tuple[tuple[int, Launch], ...] = (
-    (1, Launch(block_n=32, num_warps=4, num_stages=3)),
-    (1 << 30, Launch(block_n=32, num_warps=8, num_stages=3)),
+LAUNCHES: tuple[tuple[int, int, Launch], ...] = (  # (most tile rows, most splits, launch)
+    (64, 1 << 30, Launch(block_n=64, num_warps=4, num_stages=2)),
+    (MAX_BLOCK_M, 1, Launch(block_n=32, num_warps=4, num_stages=3)),
+    (MAX_BLOCK_M, 1 << 30, Launch(block_n=32, num_warps=8, num_stages=3)),
 )
 
 
-def choose_launch(num_splits: int) -> Launch:
-    return next(launch for bound, launch in LAUNCHES if num_splits <= bound)
+def choose_launch(num_splits: int, block_m: int) -> Launch:
+    return next(launch for rows, splits, launch in LAUNCHES
+                if block_m <= rows and num_splits <= splits)
 
 
 def choose_combine_rows(num_rows: int, sms: int) -> int:
@@ -93,21 +103,28 @@ class BlockAttnPlan:
 
     tiles: torch.Tensor  # (num_tiles, TILE_FIELDS) int32
     tokens_per_tile: int  # TQ
+    block_m: int  # query rows per tile: tile_rows(TQ, G)
     num_splits: int  # key-range slices per tile (a power of two)
     num_tokens: int  # T
     block_size: int
     ws_out: torch.Tensor | None  # (splits, T, H, D) fp32 partial outputs, when splits > 1
     ws_lse: torch.Tensor | None  # (splits, T, H) fp32 partial log2-sum-exp
-    launch: Launch  # from LAUNCHES by num_splits
+    launch: Launch  # from LAUNCHES by block_m and num_splits
     combine_rows: int  # BLOCK_R of the split-K combine, from choose_combine_rows
 
 
 def tokens_per_tile(group: int) -> int:
-    """TQ: query tokens per tile so that TQ * group fills BLOCK_M rows."""
-    if group > BLOCK_M // 16:
+    """TQ: query tokens per tile, TILE_TOKENS or fewer so that TQ * group fits MAX_BLOCK_M."""
+    if group > MAX_BLOCK_M // 16:
         raise ValueError(f"{group} query heads per KV head is more than this kernel supports "
-                         f"({BLOCK_M // 16})")
-    return BLOCK_M // group
+                         f"({MAX_BLOCK_M // 16})")
+    return min(MAX_BLOCK_M // group, TILE_TOKENS)
+
+
+def tile_rows(tq: int, group: int) -> int:
+    """BLOCK_M: a tile's query rows, TQ tokens x `group` heads padded to a power of two (>= 16,
+    the smallest tensor-core product)."""
+    return max(16, next_pow2(tq * group))
 
 
 def plan_tiles(seg_starts: list[int], seg_lens: list[int], tq: int) -> np.ndarray:
@@ -129,11 +146,12 @@ def plan_block_attention(seg_starts: list[int], seg_lens: list[int], block_size:
     tq = tokens_per_tile(num_heads // num_kv_heads)
     tiles = to_device(plan_tiles(seg_starts, seg_lens, tq), device)
     return plan_over_tiles(tiles, tq, num_splits, int(sum(seg_lens)), block_size, num_heads,
-                           head_dim, num_sms(device))
+                           num_kv_heads, head_dim, num_sms(device))
 
 
 def plan_over_tiles(tiles: torch.Tensor, tq: int, num_splits: int, num_tokens: int,
-                    block_size: int, num_heads: int, head_dim: int, sms: int) -> BlockAttnPlan:
+                    block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                    sms: int) -> BlockAttnPlan:
     """The plan over a device tile table (num_tiles, TILE_FIELDS): launches chosen from the
     shapes, and with splits > 1 the workspaces (splits, T, H, D) and (splits, T, H) fp32."""
     ws_out = ws_lse = None
@@ -142,8 +160,9 @@ def plan_over_tiles(tiles: torch.Tensor, tq: int, num_splits: int, num_tokens: i
                              device=tiles.device)
         ws_lse = torch.empty(num_splits, num_tokens, num_heads, dtype=torch.float32,
                              device=tiles.device)
-    return BlockAttnPlan(tiles, tq, num_splits, num_tokens, block_size, ws_out, ws_lse,
-                         choose_launch(num_splits),
+    block_m = tile_rows(tq, num_heads // num_kv_heads)
+    return BlockAttnPlan(tiles, tq, block_m, num_splits, num_tokens, block_size, ws_out, ws_lse,
+                         choose_launch(num_splits, block_m),
                          choose_combine_rows(num_tokens * num_heads, sms))
 
 
@@ -169,7 +188,7 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), req_to_page.stride(0), t,
         NUM_HEADS=h, G=h // kvh, TQ=plan.tokens_per_tile, HEAD_DIM=d, PAGE=page_size,
-        BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=BLOCK_M,
+        BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=plan.block_m,
         BLOCK_N=launch.block_n, BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if split:

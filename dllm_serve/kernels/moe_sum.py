@@ -15,10 +15,18 @@ from dllm_serve.kernels.runtime import next_pow2
 from dllm_serve.layers.moe import NormParams
 
 SUM_BLOCK = 1024  # hidden columns per program of the choice sum
-# Warps of the choice sum with a norm (a whole row a program). 16 was the fastest of 1-16 at 32 /
-# 128 / 512 tokens (2.33 / 2.68 / 4.45 us against 3.00 / 3.18 / 4.68 at 8; at 2048 25.9 against
-# 27.4; the sum then the RMSNorm kernel 3.24 / 3.96 / 6.17 / 29.96 us): sumnorm_probe_188c17b.json
-SUM_NORM_WARPS = 16
+# Warps of the choice sum with a norm (a whole row a program): one per 128 columns, up to 16. At
+# LLaDA2.0-mini's 2048 columns 16 was the fastest of 1-16 at 32 / 128 / 512 tokens (2.33 / 2.68 /
+# 4.45 us against 3.00 / 3.18 / 4.68 at 8; at 2048 25.9 against 27.4; the sum then the RMSNorm
+# kernel 3.24 / 3.96 / 6.17 / 29.96 us): sumnorm_probe_188c17b.json. A narrower row (the built-in
+# model's 256) leaves most of 16 warps without a column.
+SUM_NORM_COLUMNS_PER_WARP = 128
+SUM_NORM_MAX_WARPS = 16
+
+
+def sum_norm_warps(block: int) -> int:
+    """Warps of a choice-sum program normalising a row of `block` columns (1 to 16)."""
+    return max(1, min(SUM_NORM_MAX_WARPS, block // SUM_NORM_COLUMNS_PER_WARP))
 
 
 def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
@@ -57,7 +65,7 @@ def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
     block = next_pow2(hidden)
     _sum_kernel[(a // top_k, 1)](
         y, weights, first, second, out, norm_weight, normed, eps, hidden, TOP_K=top_k,
-        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=SUM_NORM_WARPS)
+        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=sum_norm_warps(block))
     return out, normed
 
 

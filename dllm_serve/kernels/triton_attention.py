@@ -60,7 +60,8 @@ class TritonAttention(AttentionBackend):
         """A plan over `tiles` (max_tiles, 5) int32, which the caller fills before each launch
         (unused rows: segment length 0), for batches of `num_tokens` tokens (CUDA graphs)."""
         return plan_over_tiles(tiles, self.tokens_per_tile, self._splits(tiles.shape[0]),
-                               num_tokens, block_size, self.num_heads, self.head_dim, self.sms)
+                               num_tokens, block_size, self.num_heads, self.num_kv_heads,
+                               self.head_dim, self.sms)
 
     def _splits(self, num_tiles: int) -> int:
         if self.num_splits is not None:

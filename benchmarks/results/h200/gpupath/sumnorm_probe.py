@@ -5,7 +5,8 @@ without it followed by the RMSNorm kernel; 32 / 128 / 512 / 2048 tokens of LLaDA
 
     python3 benchmarks/results/h200/gpupath/sumnorm_probe.py sumnorm_probe.json
 
-The warps are set through moe_sum.SUM_NORM_WARPS (restored after)."""
+The warps are set through moe_sum's SUM_NORM_MAX_WARPS, with SUM_NORM_COLUMNS_PER_WARP at 1
+(restored after; at 188c17b a fixed SUM_NORM_WARPS)."""
 import json
 import sys
 from pathlib import Path
@@ -40,13 +41,14 @@ def case(t, dev):
     row = dict(tokens=t, apart_us=graph_us(apart),
                sum_only_us=graph_us(lambda: fm.sum_choices(y, w, bf, addends)))
     ref = fused_rms_norm(fm.sum_choices(y, w, bf, addends), *norm)
-    saved = fm.SUM_NORM_WARPS
+    saved = fm.SUM_NORM_MAX_WARPS, fm.SUM_NORM_COLUMNS_PER_WARP
+    fm.SUM_NORM_COLUMNS_PER_WARP = 1
     for warps in (1, 2, 4, 8, 16):
-        fm.SUM_NORM_WARPS = warps
+        fm.SUM_NORM_MAX_WARPS = warps
         row[f"fused_w{warps}_us"] = graph_us(lambda: fm.sum_choices(y, w, bf, addends, norm))
         got = fm.sum_choices(y, w, bf, addends, norm)[1]
         row[f"fused_w{warps}_equal_to_apart"] = bool(torch.equal(got, ref))
-    fm.SUM_NORM_WARPS = saved
+    fm.SUM_NORM_MAX_WARPS, fm.SUM_NORM_COLUMNS_PER_WARP = saved
     return row
 
 
