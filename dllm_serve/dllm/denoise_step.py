@@ -9,7 +9,8 @@ converged: the next step reports the block done on entry (its next forward is it
 ready: its readiness exceeds the spawn threshold (wavefront only, else 0); bad: a non-finite
 confidence (NaN / inf logits: the row's request must fail); done: done on entry this step;
 edits: T2T edits the block has had. One device-to-host copy of `readout` per forward is all the
-host needs. Nothing here synchronises with the host.
+host needs. Nothing here synchronises with the host. On CUDA the readout is packed in one
+launch (kernels/readout.py; `pack_readout_torch` elsewhere, its oracle).
 
 If the step raises, the batch is restored from a snapshot and stepped one request at a time, so
 only the requests whose step raises fail (their rows come back unchanged and `bad`).
@@ -25,11 +26,13 @@ import torch
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State, StepOutput
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.wavefront import earlier_block_changed, readiness
+from dllm_serve.kernels.readout import FLAG_COLUMNS, pack_readout, pack_readout_torch
 from dllm_serve.model.head import Scores, as_logits
 
 logger = logging.getLogger(__name__)
 
 FLAGS = ("converged", "ready", "bad", "done", "edits")  # readout columns K, K + 1, ...
+assert len(FLAGS) == FLAG_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
     raised).
     isolate=False (a step being captured in a CUDA graph): an exception propagates."""
     ids = batch.block_ids
-    before = ids.clone()
+    before = ids.clone() if spec.wavefront or isolate else None  # (a graph's step: no restore)
     saved = None if state is None or not isolate else {k: v.clone() for k, v in state.items()}
     failed: list[int] = []
     try:
@@ -55,20 +58,18 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
         if not isolate:
             raise
         logger.exception("the decoding step raised; stepping request by request")
+        assert before is not None
         out, failed = step_each_request(algo, batch, logits, state, before, saved)
-    ready = torch.zeros_like(out.done)
+    ready = None
     if spec.wavefront:
+        assert before is not None
         algo.reopen(state, earlier_block_changed((ids != before).any(1), batch.row_req,
                                                    batch.row_start))
         rho = readiness(before == algo.mask_id, out.confidence, spec.token_threshold)
         ready = rho > spec.spawn_threshold
-    bad = ~torch.isfinite(out.confidence).all(1)
-    edits = algo.edits(state)
-    if edits is None:
-        edits = torch.zeros_like(out.done, dtype=torch.int64)
-    flags = torch.stack([algo.converged(batch, state).long(), ready.long(), bad.long(),
-                         out.done.long(), edits.long()], 1)
-    return torch.cat([ids, flags], 1), failed
+    pack = pack_readout if ids.is_cuda else pack_readout_torch
+    return pack(ids, out.confidence, algo.converged(batch, state), ready, out.done,
+                algo.edits(state)), failed
 
 
 def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,

@@ -20,6 +20,7 @@ from dllm_serve.dllm.algorithms.base import (
     StepOutput,
 )
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
+from dllm_serve.kernels.commit import commit_confident
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,25 @@ class LowConfidence(DllmAlgorithm):
              state: State | None) -> StepOutput:
         ids = batch.block_ids  # (B, K)
         masked = ids == self.mask_id
-        has_mask = masked.any(1)
         x, p = self.predict(batch, full_logits, masked)  # only masked positions are read
+        if ids.is_cuda:  # the commit below in one launch (kernels/commit.py)
+            params = batch.params.get("threshold")
+            done = commit_confident(ids, x, p, self.mask_id, self.config.threshold, params,
+                                    None if params is None else batch.row_req)
+            return StepOutput(done, p)
+        return StepOutput(self.commit(ids, x, p, self.param(batch, "threshold")), p)
+
+    def commit(self, ids: torch.Tensor, x: torch.Tensor, p: torch.Tensor,
+               threshold: torch.Tensor) -> torch.Tensor:
+        """ids (N, K) edited in place from x (N, K) where p (N, K) > threshold (N, 1) at a
+        masked position, or at the most confident masked one when none is -> done (N,): no
+        mask on entry. The oracle of kernels/commit.py."""
+        masked = ids == self.mask_id
+        has_mask = masked.any(1)
         conf = torch.where(masked, p, float("-inf"))
-        transfer = conf > self.param(batch, "threshold")
-        transfer = self.top1_fallback(conf, transfer, has_mask) & masked
+        transfer = self.top1_fallback(conf, conf > threshold, has_mask) & masked
         ids.copy_(torch.where(transfer, x, ids))
-        return StepOutput(~has_mask, p)
+        return ~has_mask
 
     def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
         return ~(batch.block_ids == self.mask_id).any(1)

@@ -1,0 +1,96 @@
+"""The step's one-launch kernels equal their torch oracles exactly: the readout pack
+(kernels/readout.py against `pack_readout_torch`) and LowConfidence's commit (kernels/commit.py
+against `LowConfidence.commit`), on rows with and without masks, ties, rows where no position
+clears the threshold (the top-1 fallback), non-finite confidences, and per-request thresholds.
+Small shapes run in the interpreter on the CPU, the same shapes on CUDA where there is one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
+from dllm_serve.kernels.commit import commit_confident
+from dllm_serve.kernels.readout import pack_readout, pack_readout_torch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+MASK = 99
+
+
+def low_confidence() -> LowConfidence:
+    return LowConfidence(LowConfidenceConfig(), block_size=8, mask_id=MASK)
+
+
+def flags(n: int, gen: torch.Generator) -> torch.Tensor:
+    return (torch.rand(n, generator=gen) > 0.5).to(DEVICE)
+
+
+@pytest.mark.parametrize("n,k", [(1, 8), (5, 32), (33, 8)])
+@pytest.mark.parametrize("with_ready,with_edits", [(False, False), (True, True)])
+def test_readout_pack_equals_torch(n: int, k: int, with_ready: bool, with_edits: bool) -> None:
+    gen = torch.Generator().manual_seed(n * k)
+    ids = torch.randint(0, 100, (n, k), generator=gen).to(DEVICE)
+    conf = torch.rand(n, k, generator=gen)
+    conf[0, k // 2] = float("nan")  # bad rows: NaN, +inf, -inf
+    if n > 2:
+        conf[1, 0], conf[2, k - 1] = float("inf"), float("-inf")
+    conf = conf.to(DEVICE)
+    ready = flags(n, gen) if with_ready else None
+    edits = torch.randint(0, 9, (n,), generator=gen).to(DEVICE) if with_edits else None
+    args = (ids, conf, flags(n, gen), ready, flags(n, gen), edits)
+    out, ref = pack_readout(*args), pack_readout_torch(*args)
+    assert out.dtype == torch.int64 and out.shape == (n, k + 5)
+    assert torch.equal(out, ref)
+    assert out[0, k + 2] == 1  # the NaN row is bad
+
+
+def commit_case(n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """ids with masks at random (row 0 none, row 1 all), predictions, confidences with ties."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50, (n, k), generator=gen)
+    ids[torch.rand(n, k, generator=gen) < 0.6] = MASK
+    ids[0] = torch.arange(k)
+    if n > 1:
+        ids[1] = MASK
+    x = torch.randint(0, 50, (n, k), generator=gen)
+    p = torch.rand(n, k, generator=gen).round(decimals=1)  # ties between positions
+    if n > 3:
+        p[2] = 0.1  # no position clears: the fallback takes the first masked one
+        p[3, 1] = float("nan")  # NaN counts as the largest (torch.argmax)
+    return ids.to(DEVICE), x.to(DEVICE), p.to(DEVICE)
+
+
+@pytest.mark.parametrize("n,k", [(1, 8), (6, 8), (40, 32)])
+@pytest.mark.parametrize("threshold", [0.0, 0.75, 1.0])
+def test_commit_equals_low_confidence(n: int, k: int, threshold: float) -> None:
+    algo = low_confidence()
+    ids, x, p = commit_case(n, k, seed=n + k)
+    want = ids.clone()
+    done_ref = algo.commit(want, x, p, torch.full((n, 1), threshold, device=DEVICE))
+    done = commit_confident(ids, x, p, MASK, threshold)
+    assert torch.equal(ids, want)
+    assert torch.equal(done, done_ref)
+    assert bool(done[0]) and (n == 1 or not bool(done[1]))
+
+
+def test_commit_takes_each_requests_threshold() -> None:
+    """params (R,) indexed by row_req: rows of requests 0 / 1 / 2 at 0.2 / 0.9 / 1.0."""
+    algo = low_confidence()
+    ids, x, p = commit_case(12, 16, seed=3)
+    params = torch.tensor([0.2, 0.9, 1.0], device=DEVICE)
+    row_req = torch.tensor([0, 1, 2] * 4, device=DEVICE)
+    want = ids.clone()
+    done_ref = algo.commit(want, x, p, params[row_req][:, None])
+    done = commit_confident(ids, x, p, MASK, 0.5, params, row_req)
+    assert torch.equal(ids, want) and torch.equal(done, done_ref)
+
+
+def test_commit_edits_a_strided_view_in_place() -> None:
+    algo = low_confidence()
+    ids, x, p = commit_case(6, 8, seed=5)
+    wide = torch.zeros(6, 16, dtype=torch.int64, device=DEVICE)
+    wide[:, ::2] = ids
+    want = ids.clone()
+    algo.commit(want, x, p, torch.full((6, 1), 0.5, device=DEVICE))
+    commit_confident(wide[:, ::2], x, p, MASK, 0.5)
+    assert torch.equal(wide[:, ::2], want) and not wide[:, 1::2].any()
