@@ -1,7 +1,8 @@
 """The step's one-launch kernels equal their torch oracles exactly: the readout pack
-(kernels/readout.py against `pack_readout_torch`) and LowConfidence's commit (kernels/commit.py
-against `LowConfidence.commit`), on rows with and without masks, ties, rows where no position
-clears the threshold (the top-1 fallback), non-finite confidences, and per-request thresholds.
+(kernels/readout.py against `pack_readout_torch`) and the algorithms' commits (kernels/commit.py
+against `LowConfidence.commit` and `JointThreshold.commit`), on rows with and without masks,
+ties, rows where no position clears the threshold (the top-1 fallback), non-finite confidences,
+per-request thresholds, and JointThreshold's edits, post-edit budget and finished blocks.
 Small shapes run in the interpreter on the CPU, the same shapes on CUDA where there is one."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
-from dllm_serve.kernels.commit import commit_confident
+from dllm_serve.kernels.commit import Threshold, commit_confident, commit_joint
 from dllm_serve.kernels.readout import pack_readout, pack_readout_torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -67,7 +69,7 @@ def test_commit_equals_low_confidence(n: int, k: int, threshold: float) -> None:
     ids, x, p = commit_case(n, k, seed=n + k)
     want = ids.clone()
     done_ref = algo.commit(want, x, p, torch.full((n, 1), threshold, device=DEVICE))
-    done = commit_confident(ids, x, p, MASK, threshold)
+    done = commit_confident(ids, x, p, MASK, Threshold(threshold))
     assert torch.equal(ids, want)
     assert torch.equal(done, done_ref)
     assert bool(done[0]) and (n == 1 or not bool(done[1]))
@@ -81,7 +83,7 @@ def test_commit_takes_each_requests_threshold() -> None:
     row_req = torch.tensor([0, 1, 2] * 4, device=DEVICE)
     want = ids.clone()
     done_ref = algo.commit(want, x, p, params[row_req][:, None])
-    done = commit_confident(ids, x, p, MASK, 0.5, params, row_req)
+    done = commit_confident(ids, x, p, MASK, Threshold(0.5, params, row_req))
     assert torch.equal(ids, want) and torch.equal(done, done_ref)
 
 
@@ -92,5 +94,61 @@ def test_commit_edits_a_strided_view_in_place() -> None:
     wide[:, ::2] = ids
     want = ids.clone()
     algo.commit(want, x, p, torch.full((6, 1), 0.5, device=DEVICE))
-    commit_confident(wide[:, ::2], x, p, MASK, 0.5)
+    commit_confident(wide[:, ::2], x, p, MASK, Threshold(0.5))
     assert torch.equal(wide[:, ::2], want) and not wide[:, 1::2].any()
+
+
+def joint_case(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                   dict[str, torch.Tensor]]:
+    """commit_case's rows with JointThreshold's state: prompt positions, some finished rows,
+    rows without masks at and past the post-edit budget (2), edits so far."""
+    ids, x, p = commit_case(n, k, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    same = (torch.rand(n, k, generator=gen) < 0.5).to(DEVICE)
+    x = torch.where(same, ids, x)  # half the written positions predicted as they are
+    state = {
+        "prompt_mask": ((torch.rand(n, k, generator=gen) < 0.2).to(DEVICE) & (ids != MASK)),
+        "post_edit_steps": torch.randint(0, 4, (n,), generator=gen).to(DEVICE),
+        "finished": (torch.rand(n, generator=gen) < 0.2).to(DEVICE),
+        "t2t_edits": torch.randint(0, 5, (n,), generator=gen).to(DEVICE),
+    }
+    return ids, x, p, state
+
+
+@pytest.mark.parametrize("n,k", [(1, 8), (9, 8), (40, 32)])
+@pytest.mark.parametrize("threshold,edit_threshold", [(0.5, 0.0), (0.9, 0.6), (1.0, 1.5)])
+def test_joint_commit_equals_joint_threshold(n: int, k: int, threshold: float,
+                                             edit_threshold: float) -> None:
+    algo = JointThreshold(JointThresholdConfig(max_post_edit_steps=2), block_size=k,
+                          mask_id=MASK)
+    ids, x, p, state = joint_case(n, k, seed=7 * n + k)
+    want, want_state = ids.clone(), {key: v.clone() for key, v in state.items()}
+    done_ref = algo.commit(want, x, p, want_state,
+                           torch.full((n, 1), threshold, device=DEVICE),
+                           torch.full((n, 1), edit_threshold, device=DEVICE))
+    before = {key: v.clone() for key, v in state.items()}
+    done = commit_joint(ids, x, p, MASK, state, Threshold(threshold),
+                        Threshold(edit_threshold), 2)
+    assert torch.equal(ids, want) and torch.equal(done, done_ref)
+    for key in state:
+        assert torch.equal(state[key], want_state[key]), key
+    if n == 40 and edit_threshold < 1:  # the case exercises T2T and the budget
+        assert (state["t2t_edits"] > before["t2t_edits"]).any()
+        assert (state["finished"] & ~before["finished"]).any()
+
+
+def test_joint_commit_takes_each_requests_thresholds() -> None:
+    algo = JointThreshold(JointThresholdConfig(max_post_edit_steps=1), block_size=16,
+                          mask_id=MASK)
+    ids, x, p, state = joint_case(12, 16, seed=11)
+    row_req = torch.tensor([0, 1, 2] * 4, device=DEVICE)
+    thr = torch.tensor([0.2, 0.9, 1.0], device=DEVICE)
+    edit = torch.tensor([0.0, 0.5, 2.0], device=DEVICE)
+    want, want_state = ids.clone(), {key: v.clone() for key, v in state.items()}
+    done_ref = algo.commit(want, x, p, want_state, thr[row_req][:, None],
+                           edit[row_req][:, None])
+    done = commit_joint(ids, x, p, MASK, state, Threshold(0.5, thr, row_req),
+                        Threshold(0.5, edit, row_req), 1)
+    assert torch.equal(ids, want) and torch.equal(done, done_ref)
+    for key in state:
+        assert torch.equal(state[key], want_state[key]), key

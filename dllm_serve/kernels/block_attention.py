@@ -67,7 +67,7 @@ class Launch:
 # plan's. Tiles of <= 64 rows (the built-in model's 2 heads a KV head x 32 tokens): 64 keys, 4
 # warps, 2 stages, the fastest at B = 16 / 24 / 32, prefix ~256, 4 / 2 heads of 64 (7.7 / 8.4 /
 # 8.8 us a layer against 8.9 / 10.3 / 10.8 for 128-row tiles of 64 tokens with the 8-warp launch:
-# results/h200/gpupath/attention_tune_builtin_<commit>.json). 128-row tiles: with split-K
+# results/h200/gpupath/attention_tune_builtin_1354cb5.json). 128-row tiles: with split-K
 # (small batches, where the tiles alone leave SMs idle) 32 keys, 8 warps, 3 stages: the fastest
 # launch keeping BLOCK_M = 128 at B=16 and 32, prefix ~4k, LLaDA2.0-mini's heads, in
 # benchmarks/attention_tune.py on an H200 (results/h200/attention_tune.json: 83 / 144 us per

@@ -27,6 +27,7 @@ from dllm_serve.dllm.algorithms.base import (
     StepOutput,
 )
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
+from dllm_serve.kernels.commit import commit_joint, threshold_of
 from dllm_serve.model.head import as_logits
 
 
@@ -71,27 +72,41 @@ class JointThreshold(DllmAlgorithm):
              state: State | None) -> StepOutput:
         assert state is not None
         ids = batch.block_ids  # (B, K)
+        x, p = self.predict(batch, self.penalize(full_logits, ids))  # every position is read
+        if ids.is_cuda:  # the commit below in one launch (kernels/commit.py)
+            cfg = self.config
+            done = commit_joint(ids, x, p, self.mask_id, state,
+                                threshold_of(batch, "threshold", cfg.threshold),
+                                threshold_of(batch, "edit_threshold", cfg.edit_threshold),
+                                cfg.max_post_edit_steps)
+            return StepOutput(done, p)
+        return StepOutput(self.commit(ids, x, p, state, self.param(batch, "threshold"),
+                                      self.param(batch, "edit_threshold")), p)
+
+    def commit(self, ids: torch.Tensor, x: torch.Tensor, p: torch.Tensor, state: State,
+               threshold: torch.Tensor, edit_threshold: torch.Tensor) -> torch.Tensor:
+        """M2T and T2T from predictions x (N, K) with confidences p (N, K), thresholds (N, 1);
+        ids and state edited in place -> done (N,): finished on entry. The oracle of
+        kernels/commit.py."""
         done = state["finished"].clone()
         active = ~done
         masked = ids == self.mask_id
         has_mask = masked.any(1)
-        x, p = self.predict(batch, self.penalize(full_logits, ids))  # every position is read
-
         post = active & ~has_mask
         state["post_edit_steps"] += post.long()
         over_budget = post & (state["post_edit_steps"] > self.config.max_post_edit_steps)
         live = active & ~over_budget
 
         conf = torch.where(masked, p, float("-inf"))
-        m2t = self.top1_fallback(conf, conf > self.param(batch, "threshold"), has_mask) & masked
+        m2t = self.top1_fallback(conf, conf > threshold, has_mask) & masked
         editable = ~masked & ~state["prompt_mask"]
-        t2t = (p > self.param(batch, "edit_threshold")) & (ids != x) & editable
+        t2t = (p > edit_threshold) & (ids != x) & editable
         transfer = (m2t | t2t) & live[:, None]
 
         state["finished"] |= over_budget | (live & ~transfer.any(1))
         state["t2t_edits"] += (t2t & live[:, None]).sum(1)
         ids.copy_(torch.where(transfer, x, ids))
-        return StepOutput(done, p)
+        return done
 
     def converged(self, batch: DenoiseBatch, state: State | None) -> torch.Tensor:
         assert state is not None

@@ -20,7 +20,7 @@ from dllm_serve.dllm.algorithms.base import (
     StepOutput,
 )
 from dllm_serve.dllm.algorithms.registry import ALGORITHMS
-from dllm_serve.kernels.commit import commit_confident
+from dllm_serve.kernels.commit import commit_confident, threshold_of
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,8 @@ class LowConfidence(DllmAlgorithm):
         masked = ids == self.mask_id
         x, p = self.predict(batch, full_logits, masked)  # only masked positions are read
         if ids.is_cuda:  # the commit below in one launch (kernels/commit.py)
-            params = batch.params.get("threshold")
-            done = commit_confident(ids, x, p, self.mask_id, self.config.threshold, params,
-                                    None if params is None else batch.row_req)
-            return StepOutput(done, p)
+            thr = threshold_of(batch, "threshold", self.config.threshold)
+            return StepOutput(commit_confident(ids, x, p, self.mask_id, thr), p)
         return StepOutput(self.commit(ids, x, p, self.param(batch, "threshold")), p)
 
     def commit(self, ids: torch.Tensor, x: torch.Tensor, p: torch.Tensor,
