@@ -16,7 +16,7 @@ changes nothing or exceeds max_post_edit_steps; its state tensors are edited in 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 import triton
@@ -42,8 +42,17 @@ class Threshold:
         return self.params, self.row_req, float(self.value), True
 
 
-def threshold_of(batch: Any, name: str, value: float) -> Threshold:
-    """A DenoiseBatch's setting `name`: per row when its requests carry it, else `value`."""
+class RowParams(Protocol):
+    """What `threshold_of` reads of a batch (dllm/batch.py's DenoiseBatch)."""
+
+    params: dict[str, torch.Tensor]  # {name: (R,)} per-request values
+
+    @property
+    def row_req(self) -> torch.Tensor: ...  # (N,) int64: each row's index into them
+
+
+def threshold_of(batch: RowParams, name: str, value: float) -> Threshold:
+    """A batch's setting `name`: per row when its requests carry it, else `value`."""
     params = batch.params.get(name)
     return Threshold(value) if params is None else Threshold(value, params, batch.row_req)
 
