@@ -46,6 +46,17 @@ def test_readout_pack_equals_torch(n: int, k: int, with_ready: bool, with_edits:
     assert out[0, k + 2] == 1  # the NaN row is bad
 
 
+def test_readout_pack_reads_strided_flags() -> None:
+    """Flags that are columns of a wider tensor (a plugin's state) are read at their stride."""
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 100, (6, 8), generator=gen).to(DEVICE)
+    conf = torch.rand(6, 8, generator=gen).to(DEVICE)
+    wide = (torch.rand(6, 3, generator=gen) > 0.5).to(DEVICE)
+    edits = torch.randint(0, 9, (6, 2), generator=gen).to(DEVICE)
+    args = (ids, conf, wide[:, 0], wide[:, 1], wide[:, 2], edits[:, 1])
+    assert torch.equal(pack_readout(*args), pack_readout_torch(*args))
+
+
 def commit_case(n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
     """ids with masks at random (row 0 none, row 1 all), predictions, confidences with ties."""
     gen = torch.Generator().manual_seed(seed)

@@ -39,7 +39,7 @@ class Threshold:
             return fallback, fallback, float(self.value), False
         if self.row_req is None:
             raise ValueError("per-request thresholds need row_req")
-        return self.params, self.row_req, float(self.value), True
+        return self.params.contiguous(), self.row_req.contiguous(), float(self.value), True
 
 
 class RowParams(Protocol):

@@ -42,10 +42,11 @@ def pack_readout(ids: torch.Tensor, confidence: torch.Tensor, converged: torch.T
     if n == 0:
         return out
     ids, confidence = ids.contiguous(), confidence.contiguous()
+    converged, done = converged.contiguous(), done.contiguous()  # (the kernel reads unit stride)
+    flags = [done if t is None else t.contiguous() for t in (ready, edits)]  # None: unread
     rows = min(next_pow2(n), 32) if interpreted() else 1
     _readout_kernel[(cdiv(n, rows),)](
-        ids, confidence, converged, done, done if ready is None else ready,
-        done if edits is None else edits, out, n, K=k, BLOCK_K=next_pow2(k), ROWS=rows,
+        ids, confidence, converged, done, *flags, out, n, K=k, BLOCK_K=next_pow2(k), ROWS=rows,
         HAS_READY=ready is not None, HAS_EDITS=edits is not None, num_warps=1)
     return out
 
