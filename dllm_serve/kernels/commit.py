@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
+from dllm_serve.kernels.triton_utils import row_block
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,7 @@ def _m2t(conf, masked, inside, thr, c, BLOCK_K: tl.constexpr):
 def _confident_kernel(Ids, X, P, Params, RowReq, Done, n_rows, mask_id, threshold,
                       K: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                       PER_ROW: tl.constexpr):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
-    c = tl.arange(0, BLOCK_K)
-    live = r < n_rows
-    inside = live[:, None] & (c < K)[None, :]
-    at = r.to(tl.int64)[:, None] * K + c[None, :]
+    r, c, live, inside, at = row_block(n_rows, K, BLOCK_K, ROWS)
     ids = tl.load(Ids + at, mask=inside, other=0)
     masked = (ids == mask_id) & inside
     p = tl.load(P + at, mask=inside, other=0.0).to(tl.float32)
@@ -157,11 +154,7 @@ def _joint_kernel(Ids, X, P, PromptMask, PostSteps, Finished, Edits, ThrParams, 
                   EditParams, EditReq, Done, n_rows, mask_id, threshold, edit_threshold,
                   max_post, K: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                   THR_PER_ROW: tl.constexpr, EDIT_PER_ROW: tl.constexpr):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
-    c = tl.arange(0, BLOCK_K)
-    live_row = r < n_rows
-    inside = live_row[:, None] & (c < K)[None, :]
-    at = r.to(tl.int64)[:, None] * K + c[None, :]
+    r, c, live_row, inside, at = row_block(n_rows, K, BLOCK_K, ROWS)
     ids = tl.load(Ids + at, mask=inside, other=0)
     x = tl.load(X + at, mask=inside, other=0)
     p = tl.load(P + at, mask=inside, other=0.0).to(tl.float32)

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.norm import rms_norm_rows
+from dllm_serve.kernels.norm import norm_warps, rms_norm_rows
 from dllm_serve.kernels.runtime import next_pow2
 from dllm_serve.layers.moe import NormParams
 
@@ -22,11 +22,6 @@ SUM_BLOCK = 1024  # hidden columns per program of the choice sum
 # model's 256) leaves most of 16 warps without a column.
 SUM_NORM_COLUMNS_PER_WARP = 128
 SUM_NORM_MAX_WARPS = 16
-
-
-def sum_norm_warps(block: int) -> int:
-    """Warps of a choice-sum program normalising a row of `block` columns (1 to 16)."""
-    return max(1, min(SUM_NORM_MAX_WARPS, block // SUM_NORM_COLUMNS_PER_WARP))
 
 
 def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
@@ -63,9 +58,10 @@ def sum_choices(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype,
     normed = torch.empty(a // top_k, hidden, dtype=torch.promote_types(dtype, norm_weight.dtype),
                          device=y.device)
     block = next_pow2(hidden)
+    warps = norm_warps(block, SUM_NORM_COLUMNS_PER_WARP, SUM_NORM_MAX_WARPS)
     _sum_kernel[(a // top_k, 1)](
         y, weights, first, second, out, norm_weight, normed, eps, hidden, TOP_K=top_k,
-        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=sum_norm_warps(block))
+        ADDENDS=len(parts), BLOCK=block, NORM=True, num_warps=warps)
     return out, normed
 
 

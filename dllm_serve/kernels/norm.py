@@ -70,6 +70,7 @@ def rms_norm_rows(x, W, c, N, eps):
     return normed * w[None, :]
 
 
-def norm_warps(block: int) -> int:
-    """Warps of a program normalising one row of `block` columns (1 to 8)."""
-    return max(1, min(8, block // 256))
+def norm_warps(block: int, columns_per_warp: int = 256, most: int = 8) -> int:
+    """Warps of a program normalising one row of `block` columns: one per `columns_per_warp`,
+    1 to `most`."""
+    return max(1, min(most, block // columns_per_warp))

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
+from dllm_serve.kernels.triton_utils import row_block
 
 FLAG_COLUMNS = 5  # converged, ready, bad, done, edits
 
@@ -55,17 +56,12 @@ def pack_readout(ids: torch.Tensor, confidence: torch.Tensor, converged: torch.T
 def _readout_kernel(Ids, Conf, Converged, Done, Ready, Edits, Out, n_rows, K: tl.constexpr,
                     BLOCK_K: tl.constexpr, ROWS: tl.constexpr, HAS_READY: tl.constexpr,
                     HAS_EDITS: tl.constexpr):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
-    c = tl.arange(0, BLOCK_K)
-    live = r < n_rows
-    mask = live[:, None] & (c < K)[None, :]
-    r64 = r.to(tl.int64)
-    ids = tl.load(Ids + r64[:, None] * K + c[None, :], mask=mask, other=0)
-    conf = tl.load(Conf + r64[:, None] * K + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    r, c, live, mask, at = row_block(n_rows, K, BLOCK_K, ROWS)
+    ids = tl.load(Ids + at, mask=mask, other=0)
+    conf = tl.load(Conf + at, mask=mask, other=0.0).to(tl.float32)
     finite = (conf == conf) & (tl.abs(conf) != float("inf"))
     bad = tl.max(tl.where(mask & ~finite, 1, 0), 1)  # (ROWS,)
-    width = K + 5
-    row = Out + r64 * width
+    row = Out + r.to(tl.int64) * (K + 5)
     tl.store(row[:, None] + c[None, :], ids.to(tl.int64), mask=mask)
     tl.store(row + K, tl.load(Converged + r, mask=live, other=0).to(tl.int64), mask=live)
     if HAS_READY:
