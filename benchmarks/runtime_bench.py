@@ -87,12 +87,11 @@ def suites(ns: argparse.Namespace) -> dict[str, Suite]:
     default = Suite("default-model", 128, False, [
         Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, c),
         Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, c),
-        Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, w2)])
+        *wavefront_settings(w2)])
     heldout = Suite("default-heldout", 128, False, [
         Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, w2),
         Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, w2),
-        Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, w2)],
-        algorithm="JointThreshold", data_path=str(HELDOUT))
+        *wavefront_settings(w2)], algorithm="JointThreshold", data_path=str(HELDOUT))
     mc = ns.mini_concurrency
     mini = [Setting("fdfo", {"dllm_fdfo": True, "dllm_wavefront_size": 1}, mc),
             Setting("sync", {"dllm_fdfo": False, "dllm_wavefront_size": 1}, mc)]
@@ -102,12 +101,24 @@ def suites(ns: argparse.Namespace) -> dict[str, Suite]:
                                     f"histogram: {HISTOGRAM}\n")}
 
 
+def wavefront_settings(concurrency: list[int]) -> list[Setting]:
+    """W = 2 (gated spawning, the default), W = 2 spawning on the host, W = 1 with standby."""
+    return [Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, concurrency),
+            Setting("fdfo-w2-host", {"dllm_fdfo": True, "dllm_wavefront_size": 2,
+                                     "dllm_gated_spawn": False}, concurrency),
+            Setting("fdfo-standby", {"dllm_fdfo": True, "dllm_wavefront_size": 1,
+                                     "dllm_standby": True}, concurrency)]
+
+
+SETTING_NAMES = ["fdfo", "sync", "fdfo-w2", "fdfo-w2-host", "fdfo-standby"]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", nargs="+", default=["default-model"],
                    choices=["default-model", "default-heldout", "mini-lognormal",
                             "mini-histogram"])
-    p.add_argument("--settings", nargs="+", default=None, choices=["fdfo", "sync", "fdfo-w2"],
+    p.add_argument("--settings", nargs="+", default=None, choices=SETTING_NAMES,
                    help="run only these settings of each suite (default: all)")
     p.add_argument("--interleave", action="store_true",
                    help="start all of a suite's engines at once and let their timed runs take "
@@ -277,7 +288,10 @@ def print_row(r: dict[str, Any]) -> None:
           f"fwd/block {r['forwards_per_block_mean']:5.1f}", flush=True)
 
 
-RATIOS = {"fdfo_over_sync": ("fdfo", "sync"), "w2_over_w1": ("fdfo-w2", "fdfo")}
+RATIOS = {"fdfo_over_sync": ("fdfo", "sync"), "w2_over_w1": ("fdfo-w2", "fdfo"),
+          "w2_host_over_w1": ("fdfo-w2-host", "fdfo"),
+          "w2_gated_over_host": ("fdfo-w2", "fdfo-w2-host"),
+          "standby_over_w1": ("fdfo-standby", "fdfo")}
 
 
 def ratios(rows: list[dict[str, Any]], interleaved: bool = False) -> dict[str, dict[str, Any]]:

@@ -37,6 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="held-out problem seed (training: 0)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-running-requests", type=int, default=16)
+    p.add_argument("--host-spawn", action="store_true",
+                   help="W > 1: open the next block once the host reads its frontier ready "
+                   "(--no-dllm-gated-spawn) instead of on the device")
+    p.add_argument("--standby", action="store_true",
+                   help="W = 1: the next block waits in a row and starts in its predecessor's "
+                   "final forward (--dllm-standby)")
     p.add_argument("--output", default=None, help="write the JSON result here")
     return p.parse_args(argv)
 
@@ -50,8 +56,9 @@ def run_one(ns: argparse.Namespace, prompts: list[str], answers: list[int], size
             theta: float | None) -> dict[str, Any]:
     from dllm_serve import Engine
 
-    extra = {} if theta is None else {"dllm_spawn_threshold": theta}
+    extra: dict[str, Any] = {} if theta is None else {"dllm_spawn_threshold": theta}
     with Engine(**engine_kwargs(ns), dllm_wavefront_size=size, log_level="warning",
+                dllm_gated_spawn=not ns.host_spawn, dllm_standby=ns.standby,
                 max_running_requests=ns.max_running_requests, **extra) as engine:
         t0 = now()
         outs = engine.generate(prompts, {"max_new_tokens": ns.max_new_tokens, "temperature": 0})
@@ -60,6 +67,8 @@ def run_one(ns: argparse.Namespace, prompts: list[str], answers: list[int], size
     tokens = sum(m["completion_tokens"] for m in metas)
     forwards = [m["denoise_steps"] for m in metas]
     return {"wavefront_size": size, "spawn_threshold": theta,
+            "gated": size > 1 and not ns.host_spawn,
+            "standby": size == 1 and ns.standby,
             **score([o["text"] for o in outs], answers),
             "tokens_per_forward": tokens / max(1, sum(forwards)),
             "forwards_per_request_mean": statistics.fmean(forwards),

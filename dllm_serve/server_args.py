@@ -65,6 +65,15 @@ class ServerArgs:
     dllm_spawn_token_threshold: float | None = _f(
         None, "Wavefront: confidence a masked position needs to count as ready "
         "(default: the algorithm's threshold).")
+    dllm_gated_spawn: bool = _f(
+        True, "Wavefront with FDFO: the next block waits ahead in the batch and the GPU opens it "
+        "in the first forward after its frontier is ready (no round trip through the host). "
+        "--no-dllm-gated-spawn opens it once the host has read the readiness back.",
+        boolean=True)
+    dllm_standby: bool = _f(
+        False, "Block by block (--dllm-wavefront-size 1) with FDFO: each request's next block "
+        "waits in a row of its own and the GPU starts it in its predecessor's final forward "
+        "(one forward less per block; twice the rows a forward).", boolean=True)
     dllm_wavefront_lockstep: bool = _f(
         False, "Baseline for benchmarks: every request opens and retires blocks together "
         "(needs --no-dllm-fdfo).", boolean=True)
@@ -221,7 +230,9 @@ class ServerArgs:
         """The largest CUDA-graph bucket, in active blocks (--cuda-graph-max-bs)."""
         if self.cuda_graph_max_bs is not None:
             return self.cuda_graph_max_bs
-        return min(self.max_running_requests * self.dllm_wavefront_size, 256)
+        per_request = self.dllm_wavefront_size + (self.dllm_standby and self.dllm_fdfo
+                                                  and self.dllm_wavefront_size == 1)
+        return min(self.max_running_requests * per_request, 256)
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)

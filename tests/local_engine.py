@@ -198,8 +198,9 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
                     fill: int = 7, need: Callable[[int], int] | None = None,
                     radix_cache: bool = True, page_size: int | None = None,
                     depth: int | None = None, multi_step: int = 1,
-                    ahead: int = 0) -> LocalEngine:
-    """ahead: requests the scheduler admits past mrr (the worker's batch holds mrr at most)."""
+                    ahead: int = 0, gated: bool = True, standby: bool = False) -> LocalEngine:
+    """ahead: requests the scheduler admits past mrr (the worker's batch holds mrr at most);
+    gated / standby: WavefrontConfig's (the device opens a request's next block)."""
     cfg = SchedulerConfig(block_size=k, mask_id=mask, fdfo=fdfo, max_running_requests=mrr,
                           max_queued_requests=queue, chunked_prefill_size=prefill,
                           num_pages=pages, page_size=page_size or k, wavefront_size=wavefront,
@@ -208,7 +209,8 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
     if need is not None:
         algo.need = need  # type: ignore[method-assign]
     runner = FakeRunner(k, pages, page_size or k)
-    worker = Worker(runner, algo, RoundMode(fdfo, WavefrontConfig(wavefront)),  # type: ignore[arg-type]
+    mode = RoundMode(fdfo, WavefrontConfig(wavefront, gated=gated, standby=standby))
+    worker = Worker(runner, algo, mode,  # type: ignore[arg-type]
                     report_every_s=0.0, max_prefill_tokens=prefill, depth=depth,
                     multi_step=multi_step)
     worker.flow.max_requests = mrr  # the batch's limit (rows and slots: the fake runner's 64)

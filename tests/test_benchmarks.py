@@ -357,6 +357,7 @@ def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
 
     out = tmp_path / "runtime.json"
     result = runtime_bench.main(["--suite", "default-heldout", "--device", "cpu",
+                                 "--settings", "fdfo", "sync", "fdfo-w2",
                                  "--w2-concurrency", "2", "--max-new-tokens", "32",
                                  "--prompts-per-slot", "2", "--repeats", "2", "--interleave",
                                  "--out", str(out)])

@@ -195,18 +195,19 @@ def test_warm_up_writes_only_the_scratch_page(tiny_model_dir: Path) -> None:
 
 @torch.inference_mode()
 def worker_tokens(model_dir: Path, static: bool, step: bool = False, rows: bool = True,
-                  ) -> tuple[np.ndarray, list[int], bool]:
+                  gated: bool = False) -> tuple[np.ndarray, list[int], bool]:
     """Six worker iterations, FDFO, wavefront W=2, LowConfidence threshold 1 (one token a step)
     with every masked position counted as ready (tau 0): each request opens its second block
     after one step, so the layout changes while the forward loop runs. rows: the forward's
     metadata computed from the storage's rows (as the worker builds it), else written by the
-    host. Returns the final ids, the row counts, and whether the last layout made its host
-    columns."""
+    host. gated: the second block placed at once, opened by the step (else by the host after
+    the readout). Returns the final ids, the row counts, and whether the last layout made its
+    host columns."""
     runner, mask_id = make_runner(model_dir)
     algo = LowConfidence(LowConfidenceConfig(threshold=1.0), K, mask_id)
     algo.fused_predict = True
     mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.5,
-                                                          token_threshold=0.0))
+                                                          token_threshold=0.0, gated=gated))
     worker = Worker(runner, algo, mode, report_every_s=0.0)  # builds the bucketed forwards
     assert runner.graphs is not None and runner.graphs.step is not None
     if not static:  # the unpadded eager path
@@ -233,14 +234,18 @@ def worker_tokens(model_dir: Path, static: bool, step: bool = False, rows: bool 
 
 
 @INTERPRETER_ONLY
-def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path) -> None:
-    ref_ids, ref_widths, made = worker_tokens(tiny_model_dir, static=False)
-    assert ref_widths == [2, 4, 4, 4, 4, 4]  # both requests opened a second block
+@pytest.mark.parametrize("gated", [False, True])
+def test_worker_round_with_static_forwards_matches_eager(tiny_model_dir: Path,
+                                                         gated: bool) -> None:
+    ref_ids, ref_widths, made = worker_tokens(tiny_model_dir, static=False, gated=gated)
+    # both requests opened a second block (gated: placed at once, opened by the first step)
+    assert ref_widths == ([4] * 6 if gated else [2, 4, 4, 4, 4, 4])
     assert made  # an eager forward reads the layout's host columns
     # the step eager on the graph's logits (metadata from the host / the rows), inside the
     # "graph" (as the worker builds it: metadata from the rows)
     for step, rows in ((False, False), (False, True), (True, True)):
-        ids, widths, made = worker_tokens(tiny_model_dir, static=True, step=step, rows=rows)
+        ids, widths, made = worker_tokens(tiny_model_dir, static=True, step=step, rows=rows,
+                                          gated=gated)
         assert widths == ref_widths
         np.testing.assert_array_equal(ids, ref_ids)
         # forward + step in one run, metadata from the rows: no host column is ever made

@@ -28,8 +28,10 @@ def flags(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n,k", [(1, 8), (5, 32), (33, 8)])
-@pytest.mark.parametrize("with_ready,with_edits", [(False, False), (True, True)])
-def test_readout_pack_equals_torch(n: int, k: int, with_ready: bool, with_edits: bool) -> None:
+@pytest.mark.parametrize("with_ready,with_edits,with_gated", [(False, False, False),
+                                                              (True, True, True)])
+def test_readout_pack_equals_torch(n: int, k: int, with_ready: bool, with_edits: bool,
+                                   with_gated: bool) -> None:
     gen = torch.Generator().manual_seed(n * k)
     ids = torch.randint(0, 100, (n, k), generator=gen).to(DEVICE)
     conf = torch.rand(n, k, generator=gen)
@@ -39,9 +41,12 @@ def test_readout_pack_equals_torch(n: int, k: int, with_ready: bool, with_edits:
     conf = conf.to(DEVICE)
     ready = flags(n, gen) if with_ready else None
     edits = torch.randint(0, 9, (n,), generator=gen).to(DEVICE) if with_edits else None
-    args = (ids, conf, flags(n, gen), ready, flags(n, gen), edits)
+    gated = flags(n, gen) if with_gated else None
+    args = (ids, conf, flags(n, gen), ready, flags(n, gen), edits, gated)
     out, ref = pack_readout(*args), pack_readout_torch(*args)
-    assert out.dtype == torch.int64 and out.shape == (n, k + 5)
+    assert out.dtype == torch.int64 and out.shape == (n, k + 6)
+    if gated is not None:
+        assert torch.equal(out[:, k + 5], gated.long())
     assert torch.equal(out, ref)
     assert out[0, k + 2] == 1  # the NaN row is bad
 

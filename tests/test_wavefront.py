@@ -122,27 +122,55 @@ class ScriptedLogits:
         return DenoiseRun(run)
 
 
-def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order() -> None:
-    # threshold 0.99: one position a step (top-1 fallback); tau 0.9: both positions are ready
-    # after one step, so the block after the frontier opens while the frontier still has a mask
+def scripted_run(wavefront: WavefrontConfig, forwards: int) -> tuple[ScriptedLogits, list]:
+    """One request of four 2-token blocks on ScriptedLogits: threshold 0.99 commits one
+    position a step (top-1 fallback); tau 0.9: both positions are ready after one step, so the
+    block after the frontier may open while the frontier still has a mask. -> the runner (its
+    layouts) and the retired blocks (start, forwards, ids)."""
     algo = LowConfidence(LowConfidenceConfig(0.99), 2, M)
     runner = ScriptedLogits(0.95)
-    mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=2, spawn_threshold=0.6,
-                                                          token_threshold=0.9))
-    worker = Worker(runner, algo, mode, report_every_s=0.0)  # type: ignore[arg-type]
+    worker = Worker(runner, algo, RoundMode(fdfo=True, wavefront=wavefront),  # type: ignore[arg-type]
+                    report_every_s=0.0)
     admit = Admit(1, 0, 0, np.full((1, 2), M), [None], [0], ReqSettings(prompt_len=0, max_end=8))
     retired = []
-    for i in range(9):
+    for i in range(forwards):
         report = worker.iterate([AddPages(0, 0, np.arange(4)), admit] if i == 0 else [])
         if report is not None and report.retired is not None:
             retired += list(zip(report.retired.starts.tolist(), report.retired.forwards.tolist(),
-                                strict=True))
+                                report.retired.ids.tolist(), strict=True))
+    assert worker.batch.reqs == {}  # max_end reached: the worker forgot the request
+    return runner, retired
+
+
+def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order() -> None:
+    """Host spawning (--no-dllm-gated-spawn)."""
+    runner, retired = scripted_run(WavefrontConfig(size=2, spawn_threshold=0.6,
+                                                   token_threshold=0.9, gated=False), 9)
     # f1: block 0; f2: block 0 (ready after step 1: block 2 opens for f3); f3: blocks 0, 2
     # (block 0 converged after step 2, so f3 is its final forward) ...
     assert runner.layouts[:4] == [[1], [1], [1, 1], [1]]  # each block a row of its own
-    assert [s for s, _ in retired] == [0, 2, 4, 6]  # in order, every block once
-    assert all(f == 3 for _, f in retired)  # 2 unmasking steps + the done-on-entry forward
-    assert worker.batch.reqs == {}  # max_end reached: the worker forgot the request
+    assert [s for s, _, _ in retired] == [0, 2, 4, 6]  # in order, every block once
+    assert all(f == 3 for _, f, _ in retired)  # 2 unmasking steps + the done-on-entry forward
+
+
+def test_gated_spawn_opens_the_next_block_on_the_device() -> None:
+    """Gated spawning: block 2 waits in f1 (its frontier not yet ready), opens in f2 (block 0
+    was ready after step 1): a forward before the host could open it. Its forwards count from
+    there; the request takes 8 forwards instead of 9."""
+    runner, retired = scripted_run(WavefrontConfig(size=2, spawn_threshold=0.6,
+                                                   token_threshold=0.9), 8)
+    assert [len(layout) for layout in runner.layouts] == [2, 2, 2, 2, 1, 2, 1, 1]
+    assert [s for s, _, _ in retired] == [0, 2, 4, 6]
+    assert all(f == 3 and ids == [1, 2] for _, f, ids in retired)
+
+
+def test_standby_starts_the_next_block_in_its_predecessors_final_forward() -> None:
+    """W = 1 with standby: the same blocks as block by block, one forward less each (the
+    successor runs in its predecessor's final forward): 9 forwards instead of 12."""
+    plain_runner, plain = scripted_run(WavefrontConfig(size=1), 12)
+    runner, retired = scripted_run(WavefrontConfig(size=1, standby=True), 9)
+    assert len(plain_runner.layouts) == 12 and len(runner.layouts) == 9
+    assert retired == plain
 
 
 def test_joint_threshold_reopens_later_block_when_left_block_edits() -> None:

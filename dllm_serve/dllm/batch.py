@@ -28,7 +28,8 @@ class DenoiseBatch:
     override, indexed through row_req. Per block (host): block_steps (N,), forwards each block
     has had since it opened (the step being taken not counted); (device) row_req, row_start,
     row_seed: its request's key (equal for the blocks of one request: its index here, or the
-    worker's request slot), its position and seed.
+    worker's request slot), its position and seed; gates: None, or (gate, flag) (N,) int64 of
+    rows that may wait for their predecessor (dllm/wavefront.py `open_gates`).
     The worker makes a new DenoiseBatch whenever its rows change and steps the same one until
     then.
     """
@@ -46,6 +47,7 @@ class DenoiseBatch:
     _row_seed: torch.Tensor | None = field(default=None, repr=False)
     top_ks: list[int] = field(default_factory=list)
     min_ps: list[float] = field(default_factory=list)
+    gates: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def bind_rows(self, row_req: torch.Tensor, row_start: torch.Tensor,
                   row_seed: torch.Tensor) -> None:

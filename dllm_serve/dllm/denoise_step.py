@@ -3,12 +3,15 @@
 `denoise_step` runs the algorithm's step on a forward's logits, then (wavefront) reopens blocks
 whose left context changed and measures the frontier's readiness, and packs per block row:
 
-    readout (N, K + 5) int64 = [ids after the step (K) | converged | ready | bad | done | edits]
+    readout (N, K + 6) int64 = [ids after the step (K) | converged | ready | bad | done | edits
+                                | gated]
 
 converged: the next step reports the block done on entry (its next forward is its final one);
 ready: its readiness exceeds the spawn threshold (wavefront only, else 0); bad: a non-finite
 confidence (NaN / inf logits: the row's request must fail); done: done on entry this step;
-edits: T2T edits the block has had. One device-to-host copy of `readout` per forward is all the
+edits: T2T edits the block has had; gated: the row still waits for its predecessor (a batch
+with gates: dllm/wavefront.py `open_gates`; such a row leaves the step as it entered it, and
+its flags are 0). One device-to-host copy of `readout` per forward is all the
 host needs. Nothing here synchronises with the host. On CUDA the readout is packed in one
 launch (kernels/readout.py; `pack_readout_torch` elsewhere, its oracle).
 
@@ -25,13 +28,13 @@ import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State, StepOutput
 from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.wavefront import earlier_block_changed, readiness
+from dllm_serve.dllm.wavefront import READY, earlier_block_changed, open_gates, readiness
 from dllm_serve.kernels.readout import FLAG_COLUMNS, pack_readout, pack_readout_torch
 from dllm_serve.model.head import Scores, as_logits
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ("converged", "ready", "bad", "done", "edits")  # readout columns K, K + 1, ...
+FLAGS = ("converged", "ready", "bad", "done", "edits", "gated")  # readout columns K, K + 1, ...
 assert len(FLAGS) == FLAG_COLUMNS
 
 
@@ -45,12 +48,16 @@ class StepSpec:
 def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
                  state: State | None, spec: StepSpec, isolate: bool = True,
                  ) -> tuple[torch.Tensor, list[int]]:
-    """logits (N * K, V) or a HeadInput -> (readout (N, K + 5) int64, requests whose step
+    """logits (N * K, V) or a HeadInput -> (readout (N, K + 6) int64, requests whose step
     raised).
     isolate=False (a step being captured in a CUDA graph): an exception propagates."""
     ids = batch.block_ids
     before = ids.clone() if spec.wavefront or isolate else None  # (a graph's step: no restore)
-    saved = None if state is None or not isolate else {k: v.clone() for k, v in state.items()}
+    gated = batch.gates is not None
+    saved = (None if state is None or not (isolate or gated)
+             else {k: v.clone() for k, v in state.items()})
+    waiting = None if batch.gates is None else open_gates(
+        *batch.gates, batch.row_req, batch.row_start, batch.block_size)
     failed: list[int] = []
     try:
         out = algo.step(batch, logits, state)
@@ -67,9 +74,29 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
                                                    batch.row_start))
         rho = readiness(before == algo.mask_id, out.confidence, spec.token_threshold)
         ready = rho > spec.spawn_threshold
+    done = out.done
+    if waiting is not None:  # waiting rows leave as they entered: all masks, their state
+        hold(ids, state, saved, waiting, algo.mask_id)
+        done, ready = done & ~waiting, None if ready is None else ready & ~waiting
+    converged = algo.converged(batch, state)
+    if waiting is not None:
+        converged = converged & ~waiting
+    if batch.gates is not None:  # the flags the next step's gates read
+        flag = converged.long() if ready is None else converged.long() | ready.long() * READY
+        batch.gates[1].copy_(flag)
     pack = pack_readout if ids.is_cuda else pack_readout_torch
-    return pack(ids, out.confidence, algo.converged(batch, state), ready, out.done,
-                algo.edits(state)), failed
+    return pack(ids, out.confidence, converged, ready, done, algo.edits(state),
+                waiting), failed
+
+
+def hold(ids: torch.Tensor, state: State | None, saved: State | None, waiting: torch.Tensor,
+         mask_id: int) -> None:
+    """Rows `waiting` (N,) bool := all masks and their state before the step (`saved`)."""
+    ids.masked_fill_(waiting[:, None], mask_id)
+    for key, value in (state or {}).items():
+        assert saved is not None
+        keep = waiting.view(-1, *[1] * (value.dim() - 1))
+        value.copy_(torch.where(keep, saved[key], value))
 
 
 def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,

@@ -19,13 +19,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.dllm.wavefront import CONVERGED, READY, WavefrontConfig
 
 
 @dataclass(frozen=True)
 class RoundMode:
     fdfo: bool = True
     wavefront: WavefrontConfig = field(default_factory=WavefrontConfig)
+
+    @property
+    def gate(self) -> int:
+        """The predecessor flags that open a gated row (wavefront.py: CONVERGED | READY with
+        W > 1, FDFO or sync alike; CONVERGED with W = 1 standby, FDFO only: a sync batch starts
+        no block before its boundary); 0: blocks open on the host only (lockstep, gating
+        off)."""
+        wf = self.wavefront
+        if wf.lockstep:
+            return 0
+        if wf.size > 1:
+            return CONVERGED | READY if wf.gated else 0
+        return CONVERGED if wf.standby and self.fdfo else 0
+
+    @property
+    def rows_per_request(self) -> int:
+        """Most rows a request holds: its window, and with W = 1 gated its successor's."""
+        return self.wavefront.size + (self.gate != 0 and self.wavefront.size == 1)
 
 
 @dataclass

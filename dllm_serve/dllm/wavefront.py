@@ -8,6 +8,14 @@ positions) exceeds theta (a frontier with no masks left is ready), R - L < W cou
 retiring blocks as gone, and the new block fits the request's pages (dllm/modes.py decides).
 When a block's tokens change, the later blocks of its request are reopened (their convergence
 was judged against the old tokens). W = 1 is plain block-by-block decoding (no spawning).
+
+Gated spawning (W > 1 `WavefrontConfig.gated`; W = 1 with FDFO `standby`): the host does not wait to
+read a frontier's readiness back before it opens the next block. It places the next block ahead, in
+a row of its own, *gated* on its predecessor, and the device opens it in the first step after the
+predecessor reported one of the gate's flags (`open_gates`: ready or converged with W > 1; with W =
+1, converged: the successor runs in its predecessor's final forward, which stores the final K/V
+before any attention). Until then every step leaves the row as it entered (all masks, fresh state)
+and reports it `gated`; the readout tells the host when it opened.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+CONVERGED, READY = 1, 2  # a row's flags after its step (RowStorage.flag), a gate's bits
+
 
 @dataclass(frozen=True)
 class WavefrontConfig:
@@ -23,6 +33,8 @@ class WavefrontConfig:
     spawn_threshold: float = 0.6  # theta
     token_threshold: float | None = None  # tau; None: the algorithm's own threshold
     lockstep: bool = False  # baseline: every request spawns and retires together
+    gated: bool = True  # FDFO, W > 1: the next block waits in a row, opened on the device
+    standby: bool = False  # FDFO, W = 1: the same (the successor waits for convergence)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -53,3 +65,18 @@ def earlier_block_changed(changed: torch.Tensor, row_req: torch.Tensor,
     same = row_req[:, None] == row_req[None, :]  # (N, N): row i, row j of one request
     earlier = row_start[None, :] < row_start[:, None]  # j before i
     return (same & earlier & changed[None, :]).any(1)
+
+
+def open_gates(gate: torch.Tensor, flag: torch.Tensor, row_req: torch.Tensor,
+               row_start: torch.Tensor, block_size: int) -> torch.Tensor:
+    """gate (N,) int64: per row the predecessor flags that open it (0: open); flag (N,) int64:
+    each row's flags after its last step (CONVERGED | READY); row_req / row_start (N,) ->
+    waiting (N,) bool. A gated row opens when the block before it (same request, start - K)
+    has one of its gate's flags, or when that block has no row any more (it retired); an opened
+    row's gate is cleared in place, so it stays open. One (N, N) comparison, no host sync."""
+    pred = ((row_req[:, None] == row_req[None, :])
+            & (row_start[None, :] == row_start[:, None] - block_size))  # (N, N): j before i
+    hit = (pred & ((flag[None, :] & gate[:, None]) != 0)).any(1)
+    waiting = (gate != 0) & pred.any(1) & ~hit
+    gate.mul_(waiting)
+    return waiting

@@ -13,7 +13,8 @@ is due for the row; applied by RowStorage, not here), MOVED (the row takes the b
 ids[0], the *source*: a layout that closes its holes moves its last rows into them; its state
 is moved by RowStorage, in the same forward), PARAMS
 (not a row: the per-request params of request key `row` are ids[0:P], each a float32's bits as
-a signed int32; the record's other fields are unused).
+a signed int32; the record's other fields are unused); bits from GATE_SHIFT on: the flags of its
+predecessor that open a HAS_IDS row that waits for it (its gate, applied by RowStorage).
 `apply_rows`: for each of the first `count` records rows_meta[:, row] = (request, start, seed),
 with HAS_IDS ids[row] = the record's ids, with MOVED ids[row] = ids[source], with PARAMS
 params[:, row] = the values instead; then count = 0, so a replay with nothing staged does
@@ -36,6 +37,7 @@ HAS_IDS = 1
 FRESH_STATE = 2
 MOVED = 4
 PARAMS = 8
+GATE_SHIFT = 4  # flags >> GATE_SHIFT: a new row's gate (RowStorage; apply_rows ignores it)
 BLOCK_R = 16  # records per inner step
 
 

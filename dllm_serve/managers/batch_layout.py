@@ -32,6 +32,8 @@ class Block:
     ready: bool = False  # read back: the wavefront may open the block after it
     ids: np.ndarray | None = None  # (K,) read back after a step that found it converged
     edits: int = 0
+    gate: int = 0  # it waits for its predecessor's flags (dllm/wavefront.py); 0 once open
+    waited: int = 0  # forwards it had waiting (read back when it opened)
 
 
 HOLE_SETTINGS = ReqSettings(prompt_len=0, max_end=0)  # greedy, defaults: what a hole steps with

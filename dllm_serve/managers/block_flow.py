@@ -9,6 +9,11 @@ batch boundary, either while the batch holds fewer than max_requests), the batch
 not mapped yet). Retired blocks go to the report (`ReportBuilder`);
 a request whose block holds a stop token or reaches its max_end is dropped (the scheduler
 finishes it on the report).
+
+Gated mode (`RoundMode.gate`: W > 1, or W = 1 with standby and FDFO): the host never spawns
+on readiness; whenever a request's window has room behind an open frontier (and the pages are
+mapped), it places the next block there at once, gated, and the device opens it
+(dllm/wavefront.py). A request holds at most one gated block, its last.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class BlockFlow:
         scheduler admits some ahead, so that they join as soon as a request leaves)."""
         self.batch, self.report, self.mode, self.k = batch, report, mode, block_size
         self.max_requests = max_requests
+        self.gate = mode.gate  # gated mode: the flags a placed block waits for (0: off)
+        self.window = mode.rows_per_request  # most blocks a request holds, a gated one too
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
@@ -78,20 +85,21 @@ class BlockFlow:
         converged leftmost block, a ready frontier, or (sync) a batch that is all done."""
         any_active = self.batch.num_rows > 0  # some request has a block
         if self.mode.fdfo:  # after every forward: only the flagged requests (admission order)
-            cands = sorted((r for r in self.flagged.values() if r.alive and _candidate(r)),
+            cands = sorted((r for r in self.flagged.values() if r.alive and self._candidate(r)),
                            key=attrgetter("seq"))
             done = False
         else:
             active = [r for r in self.batch.reqs.values() if r.blocks]
             done = bool(active) and all(r.blocks[0].converged for r in active)
-            cands = active if done else [r for r in active if r.blocks[-1].ready]
+            cands = active if done else [r for r in active if r.blocks[-1].ready
+                                         or (self.gate != 0 and self._has_room(r))]
         if not cands:
             self.flagged.clear()
             self.boundary |= not any_active
             return
         p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
                  np.array([len(r.blocks) for r in cands], dtype=np.int64),
-                 np.array([r.blocks[-1].ready for r in cands], dtype=bool),
+                 np.array([r.blocks[-1].ready for r in cands], dtype=bool),  # (gated: False)
                  np.array([self._can_open(r) for r in cands], dtype=bool), done)
         retire = p.retire.tolist()
         if any(retire):
@@ -103,8 +111,9 @@ class BlockFlow:
                 self.batch.open_block(req)
             elif not req.blocks:
                 self.parked.append(req)  # its next block's pages are not mapped yet
+            self._place(req)
         if self.mode.fdfo:
-            self.flagged = {id(r): r for r in cands if r.alive and _candidate(r)}
+            self.flagged = {id(r): r for r in cands if r.alive and self._candidate(r)}
         self.boundary |= p.boundary or not any_active
 
     def join(self) -> None:
@@ -118,10 +127,12 @@ class BlockFlow:
             joining, self.waiting = self.waiting[:room], self.waiting[room:]
             for req in joining:
                 self.batch.add(req)
+                self._place(req)
         parked, self.parked = self.parked, []
         for req in parked:
             if req.alive and not req.blocks and self._can_open(req):
                 self.batch.open_block(req)
+                self._place(req)
             elif req.alive and not req.blocks:
                 self.parked.append(req)
         self.boundary = False
@@ -131,7 +142,8 @@ class BlockFlow:
         or max_end: the worker forgets it, the scheduler finishes it on the report)."""
         forwards = self.batch.forwards(req)
         for block in self.batch.retire(req, count):
-            self.report.msg.idle_block_steps += self.batch.steps(block) - block.final_step
+            self.report.msg.idle_block_steps += (self.batch.steps(block) - block.waited
+                                                 - block.final_step)
             self.report.retire(req.uid, block, forwards)
             if self._stops(req, block):
                 self.batch.drop(req)
@@ -149,6 +161,20 @@ class BlockFlow:
             return False
         gen = block.ids[max(0, s.prompt_len - block.start):]
         return not req.stops.isdisjoint(gen.tolist())  # (a set: 4x numpy's compare here)
+
+    def _place(self, req: DeviceReq) -> None:
+        """Gated mode: place the request's next block behind its open frontier, gated, if its
+        window has room and the block fits."""
+        if self.gate and req.alive and self._has_room(req) and self._can_open(req):
+            self.batch.open_block(req, self.gate)
+
+    def _has_room(self, req: DeviceReq) -> bool:
+        return bool(req.blocks) and not req.blocks[-1].gate and len(req.blocks) < self.window
+
+    def _candidate(self, req: DeviceReq) -> bool:
+        """Something can happen to the request in advance: its leftmost block converged or its
+        frontier is ready, or (gated) a block may be placed behind its frontier."""
+        return _candidate(req) or (self.gate != 0 and self._has_room(req))
 
     def _can_open(self, req: DeviceReq) -> bool:
         end = req.next_start + self.k

@@ -26,7 +26,9 @@ Per-forward bookkeeping is O(1) in Python: each layout counts its rows' steps in
 array (`Layout.steps`, also the batch's `block_steps`; a moved row's count moves with it), and
 the batch counts its forwards in one counter (`launches`): a request's
 forwards are those it was in the layout for (`forwards`), folded into it when it leaves.
-The host keeps per block what it has read back (`Block.converged`, `ready`, `ids`). The
+The host keeps per block what it has read back (`Block.converged`, `ready`, `ids`, and for a
+block placed gated, `gate` until a readout says the device opened it: dllm/wavefront.py; a
+gated block holds a row like any other, its gate in the storage's `gate` column). The
 records (`Block`, `DeviceReq`, `Layout`, `Columns`) are in managers/batch_layout.py.
 """
 
@@ -96,10 +98,10 @@ class ResidentBatch:
             self.num_rows -= len(req.blocks)
         self._touch(req)
 
-    def open_block(self, req: DeviceReq) -> None:
+    def open_block(self, req: DeviceReq, gate: int = 0) -> None:
         """Append an all-mask block at req.next_start (fresh state; its init_ids the batch's
-        one read-only mask row)."""
-        req.blocks.append(Block(req.next_start, init_ids=self.mask_row))
+        one read-only mask row), gated on its predecessor's flags `gate` (0: open)."""
+        req.blocks.append(Block(req.next_start, init_ids=self.mask_row, gate=gate))
         req.next_start += self.k
         self.num_rows += 1
         self._touch(req)
@@ -233,7 +235,9 @@ class ResidentBatch:
             [b.init_state for b in blocks], np.asarray(starts, dtype=np.int64),
             np.fromiter((r.slot for r in owners), np.int64, len(owners)),
             np.fromiter((r.settings.seed for r in owners), np.int64, len(owners)),
-            sources=np.asarray(sources, dtype=np.int64))
+            sources=np.asarray(sources, dtype=np.int64),
+            gates=(np.fromiter((b.gate for b in blocks), np.int64, len(blocks))
+                   if self.storage.gate is not None else None))
 
     def _bookkeep(self, old: Layout, entrants: list[tuple[DeviceReq, Block]],
                   rows: list[Block], placed: list[int], targets: list[int]) -> None:
@@ -271,6 +275,7 @@ class ResidentBatch:
             params=self.storage.req_params, block_steps=steps, top_ks=cols.top_ks,
             min_ps=cols.min_ps)
         batch.bind_rows(*self.storage.row_views(n))
+        batch.gates = self.storage.gate_views(n)
         return batch
 
     def _params(self, reqs: list[DeviceReq]) -> np.ndarray:
@@ -282,12 +287,20 @@ class ResidentBatch:
                     out[i, b] = r.settings.params[name]
         return out
 
-    def host_rows(self, req: DeviceReq) -> tuple[np.ndarray, list[RowState | None]]:
-        """The request's blocks as they are on the device now (a host sync): ids (n, K) and
-        per-block states. Blocks not yet on the device come from their init values."""
+    def waiting(self, block: Block) -> bool:
+        """Whether the block still waits for its predecessor on the device now (a host sync
+        if it is on the device and the host has not read it open)."""
+        gate = self.storage.gate
+        if not block.gate or block.row < 0 or gate is None:
+            return bool(block.gate)
+        return bool(gate[block.row].item())
+
+    def host_rows(self, blocks: list[Block]) -> tuple[np.ndarray, list[RowState | None]]:
+        """The blocks as they are on the device now (a host sync): ids (n, K) and per-block
+        states. Blocks not yet on the device come from their init values."""
         cur = self.current
         ids, states = [], []
-        for b in req.blocks:
+        for b in blocks:
             if b.row >= 0 and cur is not None:
                 ids.append(cur.batch.block_ids[b.row].cpu().numpy())
                 states.append(None if cur.state is None else

@@ -11,6 +11,10 @@ live batch directly. Buffers, `capacity` rows each:
   req_params {name: (keys,)} float32      per-request values of the algorithm's request_params
                                           (indexed by row_req), the config default where unset
                                           (one more column past the keys: the inbox's scratch)
+  gate, flag (capacity,) int64 (gated storage only): a row's gate (the flags of its predecessor
+                                          that open it; 0: open) and its flags after its last
+                                          step (converged | ready << 1), both moved with the
+                                          row (dllm/wavefront.py `open_gates`)
 Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
 free_key (a layout that gives a row up writes it so): the step groups rows by row_req. One more
 row past `capacity` (the scratch row) takes the unused records of the inbox.
@@ -37,6 +41,7 @@ from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.kernels.host_copy import StageRing
 from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
+    GATE_SHIFT,
     HAS_IDS,
     MOVED,
     PARAMS,
@@ -51,9 +56,10 @@ from dllm_serve.utils.device import to_device
 
 class RowStorage:
     def __init__(self, algo: DllmAlgorithm, capacity: int, block_size: int,
-                 device: torch.device, free_key: int) -> None:
+                 device: torch.device, free_key: int, gated: bool = False) -> None:
         """free_key: row_req of rows that hold no request (holes, padding); request keys are
-        below it (the runner's request slots and its scratch slot)."""
+        below it (the runner's request slots and its scratch slot). gated: rows may wait for
+        their predecessor (a gate and flags per row)."""
         self.algo, self.capacity, self.k, self.device = algo, capacity, block_size, device
         self.free_key = free_key
         rows = capacity + 1  # the last: the scratch row
@@ -69,6 +75,11 @@ class RowStorage:
                                  dtype=np.float32)
         self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, free_key + 2)
         self.row_req.fill_(free_key)
+        # gated: per row its gate and its last flags (moved with the row; see open_gates)
+        self.all_gates = (torch.zeros(2, rows, dtype=torch.int64, device=device) if gated
+                          else None)
+        self.gate, self.flag = ((None, None) if self.all_gates is None
+                                else self.all_gates[:, :capacity].unbind(0))
         self.width = record_width(block_size)
         # a layout change stages at most every row twice (a new block or a move, a freed row)
         # and each request's params once
@@ -95,10 +106,12 @@ class RowStorage:
 
     def write_rows(self, at: np.ndarray, ids: np.ndarray | None,
                    states: list[RowState | None] | None, starts: np.ndarray, reqs: np.ndarray,
-                   seeds: np.ndarray, sources: np.ndarray | None = None) -> None:
+                   seeds: np.ndarray, sources: np.ndarray | None = None,
+                   gates: np.ndarray | None = None) -> None:
         """Rows `at` (M,) := block starts, request keys and seeds (M,); the first J rows
         (J = len(ids)) also get ids (J, K) (host) with fresh state (or a resumed block's own,
-        from states (J,)); the next S rows (S = len(sources)) take the ids and state of rows
+        from states (J,)) and gates (J,) (None: open; gated storage only) with flags 0; the
+        next S rows (S = len(sources)) take the ids and state of rows
         `sources` (S,) (a move: no source may be written by this call); the other rows keep
         theirs. Staged: applied at the next denoise forward, after `flush`. The one way rows
         are written: a layout change stages its new blocks, the rows it moves and its new
@@ -122,6 +135,9 @@ class RowStorage:
             rec[:j, RECORD_HEAD:] = ids
             if carried:
                 rec[carried, 4] = HAS_IDS
+            if gates is not None:
+                assert self.all_gates is not None, "gates need a gated RowStorage"
+                rec[:j, 4] |= gates << GATE_SHIFT
         moved = 0 if sources is None else len(sources)
         assert j + moved <= self.capacity  # apply_staged looks for them there
         if moved:
@@ -177,15 +193,38 @@ class RowStorage:
         if self.all_state is not None:  # before apply_rows zeroes the count
             # the records of new blocks and moves are among the first `capacity`: write_rows
             # stages them first (freed rows and params after them)
-            records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
-            staged = self._rows_arange < self.inbox[0]
+            records, staged = self._staged()
             self._move_state(records, staged)
             if self.algo.graph_safe:
                 self._fresh_state(records, staged)
+        if self.all_gates is not None:
+            self._gates(*self._staged())
         if self.device.type == "cuda":
             apply_rows(self.inbox, self.all_ids, self.all_meta, self.params)
         else:
             apply_rows_reference(self.inbox, self.all_ids, self.all_meta, self.params)
+
+    def _staged(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inbox's first `capacity` records (capacity, width) and which of them are staged
+        (capacity,) bool: the records of new blocks and moves are among them (write_rows stages
+        them first; freed rows and params after them)."""
+        records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
+        return records, self._rows_arange < self.inbox[0]
+
+    def _gates(self, records: torch.Tensor, staged: torch.Tensor) -> None:
+        """A moved row takes its source's gate and flags; a new block's row its record's gate
+        and flags 0 (the scratch row takes the other records'). Freed rows keep theirs: a row of
+        no request is nobody's predecessor, and a gate left there only resets a hole."""
+        assert self.all_gates is not None
+        flags = records[:, 4]
+        moved = staged & ((flags & MOVED) != 0)
+        new = staged & ((flags & HAS_IDS) != 0)
+        source = torch.where(moved, records[:, RECORD_HEAD], self.capacity)
+        value = self.all_gates.index_select(1, source)  # (2, capacity): read before any write
+        value[0] = torch.where(new, flags >> GATE_SHIFT, value[0])
+        value[1] = torch.where(new, 0, value[1])
+        self.all_gates.index_copy_(1, torch.where(moved | new, records[:, 0], self.capacity),
+                                   value)
 
     def _move_state(self, records: torch.Tensor, staged: torch.Tensor) -> None:
         """Each MOVED record's row takes its source row's state (the scratch row takes the
@@ -237,6 +276,12 @@ class RowStorage:
             cached = self._cache[n] = (self.ids[:n], state, rows)
         return cached
 
+    def gate_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """gate, flag views (n,) of rows [0, n); None on storage without gates."""
+        if self.gate is None or self.flag is None:
+            return None
+        return self.gate[:n], self.flag[:n]
+
     def graph_batch(self, n: int) -> DenoiseBatch:
         """A greedy DenoiseBatch over rows [0, n) made only of these buffers: what a captured
         step sees (its per-request lists are placeholders a greedy step never reads)."""
@@ -246,4 +291,5 @@ class RowStorage:
             params={name: v for name, v in self.req_params.items()},
             block_steps=np.zeros(n, dtype=np.int64))
         batch.bind_rows(*self.row_views(n))
+        batch.gates = self.gate_views(n)
         return batch

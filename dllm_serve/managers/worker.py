@@ -6,16 +6,17 @@
 
 The running batch lives on the device (`ResidentBatch`); the scheduler sends only changes
 (pages, prefill, admissions, releases, preemptions) and receives only results (retired blocks,
-preempted or failed requests). Forward k + 1 is launched before step k's readout is read, so
-the device always has the next forward queued while the host does its bookkeeping. What the
-host learns from step k is which blocks converged: their final forward is k + 1, already
-queued, so they retire right after it and their places (the request's next block, a new
-request) are taken in forward k + 2. FDFO and sync differ only in when blocks retire and new
-requests join (dllm/modes.py). On CUDA the scheduler's costly changes (prefill launches,
-preemptions, and whatever follows them) are applied after the launch, while forwards k - 1 and
-k are queued, so their host work never holds the next forward back; the cheap ones that come
-first (page mappings, admissions, releases: see `iterate`) go before it, so a request admitted
-without a prefill joins forward k itself.
+preempted or failed requests). Forward k + 1 is launched before step k's readout is read, so the
+device always has the next forward queued while the host does its bookkeeping. What the host learns
+from step k is which blocks converged: their final forward is k + 1, already queued, so they retire
+right after it and their places (the request's next block, a new request) are taken in forward k +
+2, unless the successor was placed gated ahead of time (dllm/wavefront.py): the device then opens it
+in forward k + 1 itself. FDFO and sync differ only in when blocks retire and new requests join
+(dllm/modes.py). On CUDA the scheduler's costly changes (prefill launches, preemptions, and whatever
+follows them) are applied after the launch, while forwards k - 1 and k are queued, so their host
+work never holds the next forward back; the cheap ones that come first (page mappings, admissions,
+releases: see `iterate`) go before it, so a request admitted without a prefill joins forward k
+itself.
 
 How far ahead of its bookkeeping the worker keeps the device (forwards queued while it reads
 the oldest back, forwards launched per pass over one layout) is `Pacing`'s (managers/pacing.py).
@@ -65,7 +66,8 @@ from dllm_serve.model.runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 0.02  # counters reach the scheduler at least this often while busy
-CONVERGED, READY, BAD, EDITS = (FLAGS.index(f) for f in ("converged", "ready", "bad", "edits"))
+CONVERGED, READY, BAD, EDITS, GATED = (FLAGS.index(f) for f in ("converged", "ready", "bad",
+                                                                 "edits", "gated"))
 
 
 @dataclass
@@ -94,8 +96,9 @@ class Worker:
                              algo.readiness_threshold() if tau is None else tau,
                              mode.wavefront.spawn_threshold)
         algo.bind_device(runner.device)
-        rows = max(runner.max_requests * mode.wavefront.size, runner.graph_max_blocks)
-        self.storage = RowStorage(algo, rows, self.k, runner.device, runner.scratch_slot)
+        rows = max(runner.max_requests * mode.rows_per_request, runner.graph_max_blocks)
+        self.storage = RowStorage(algo, rows, self.k, runner.device, runner.scratch_slot,
+                                  gated=mode.gate != 0)
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
         runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
                        self.k + len(FLAGS), self.storage.apply_staged,
@@ -115,6 +118,7 @@ class Worker:
         # launches among them), join + launch, readback (its wait included) + retire / open
         self.phase_s = [0.0, 0.0, 0.0]
         self.max_steps = algo.max_steps(self.k)
+        self.gate = mode.gate  # blocks may wait in rows for their predecessor (wavefront.py)
         self.max_prefill_tokens = max_prefill_tokens
 
     def take_host_split(self) -> tuple[float, list[float]]:
@@ -227,10 +231,13 @@ class Worker:
         req = self.flow.find(uid)
         if req is None:
             return
-        ids, states = (self.batch.host_rows(req) if req.blocks
+        blocks = list(req.blocks)  # a block still waiting for its predecessor holds nothing
+        while blocks and self.batch.waiting(blocks[-1]):
+            blocks.pop()
+        ids, states = (self.batch.host_rows(blocks) if blocks
                        else (np.zeros((0, self.k), np.int64), []))
         self.report.preempted(Preempted(
-            uid, req.first_start, ids, states, [self.batch.steps(b) for b in req.blocks],
+            uid, req.first_start, ids, states, [self.batch.steps(b) - b.waited for b in blocks],
             self.batch.forwards(req)))
         self.flow.remove(req)
 
@@ -300,32 +307,38 @@ class Worker:
         """The rows a readout `data` (N, K + 5) says something new about: bad, at the step
         bound, or flags (converged, ready) that differ from what the host knows of their
         blocks (refreshing any other live row changes nothing)."""
-        k, rows = self.k, launch.layout.rows
+        k, rows, n = self.k, launch.layout.rows, len(launch.layout.rows)
         notable = (data[:, k + BAD] > 0) | (launch.steps >= self.max_steps)
         converged = data[:, k + CONVERGED] > 0
-        if self.mode.fdfo and not self.spec.wavefront:  # a block leaves on the readout that
-            notable |= converged  # finds it converged: no live row is known converged
+        if self.mode.fdfo and not self.spec.wavefront and not self.gate:  # a block leaves on
+            notable |= converged  # the readout that finds it converged: none known converged
         else:  # blocks stay converged (sync waits for the batch, a wavefront retires in order)
-            n = len(rows)
             notable |= converged != np.fromiter((b.converged for b in rows), bool, n)
-            if self.spec.wavefront:  # readiness is measured there only (else 0, as known)
-                notable |= (data[:, k + READY] > 0) != np.fromiter((b.ready for b in rows),
-                                                                  bool, n)
+            if self.spec.wavefront and not self.gate:  # the host spawns on readiness (measured
+                notable |= (data[:, k + READY] > 0) != np.fromiter(  # there only, else 0)
+                    (b.ready for b in rows), bool, n)
+        if self.gate:  # gated rows the device opened
+            notable |= (data[:, k + GATED] > 0) != np.fromiter((b.gate > 0 for b in rows), bool, n)
         return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k
+        if block.gate and not row[k + GATED]:  # the device opened it in this step
+            block.gate, block.waited = 0, steps - 1
+            if self.mode.fdfo:
+                self.flow.flag(req)  # its request may place the next block behind it
+        steps -= block.waited  # its own steps
         converged = bool(row[k + CONVERGED])
         if converged and not block.converged:  # its final forward is the one after this step
             block.final_step = steps + 1
             block.ids, block.edits = row[:k].copy(), int(row[k + EDITS])
         block.converged = converged
-        block.ready = bool(row[k + READY])
+        block.ready = bool(row[k + READY]) and not self.gate  # gated: the device spawns
         if (converged or block.ready) and self.mode.fdfo:
             self.flow.flag(req)
         if row[k + BAD]:
             self.fail(req, "the model produced non-finite logits for this request")
-        elif not block.converged and steps >= self.max_steps:
+        elif not block.converged and not block.gate and steps >= self.max_steps:
             self.fail(req, f"a block did not converge within {self.max_steps} steps")
 
     # ---- reports ------------------------------------------------------------------------
