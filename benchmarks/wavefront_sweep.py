@@ -37,9 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="held-out problem seed (training: 0)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-running-requests", type=int, default=16)
-    p.add_argument("--host-spawn", action="store_true",
-                   help="W > 1: open the next block once the host reads its frontier ready "
-                   "(--no-dllm-gated-spawn) instead of on the device")
+    p.add_argument("--gated-spawn", action="store_true",
+                   help="W > 1: the next block waits in a row and the device opens it when its "
+                   "frontier is ready (--dllm-gated-spawn), instead of the host")
     p.add_argument("--standby", action="store_true",
                    help="W = 1: the next block waits in a row and starts in its predecessor's "
                    "final forward (--dllm-standby)")
@@ -58,7 +58,7 @@ def run_one(ns: argparse.Namespace, prompts: list[str], answers: list[int], size
 
     extra: dict[str, Any] = {} if theta is None else {"dllm_spawn_threshold": theta}
     with Engine(**engine_kwargs(ns), dllm_wavefront_size=size, log_level="warning",
-                dllm_gated_spawn=not ns.host_spawn, dllm_standby=ns.standby,
+                dllm_gated_spawn=ns.gated_spawn, dllm_standby=ns.standby,
                 max_running_requests=ns.max_running_requests, **extra) as engine:
         t0 = now()
         outs = engine.generate(prompts, {"max_new_tokens": ns.max_new_tokens, "temperature": 0})
@@ -67,7 +67,7 @@ def run_one(ns: argparse.Namespace, prompts: list[str], answers: list[int], size
     tokens = sum(m["completion_tokens"] for m in metas)
     forwards = [m["denoise_steps"] for m in metas]
     return {"wavefront_size": size, "spawn_threshold": theta,
-            "gated": size > 1 and not ns.host_spawn,
+            "gated": size > 1 and ns.gated_spawn,
             "standby": size == 1 and ns.standby,
             **score([o["text"] for o in outs], answers),
             "tokens_per_forward": tokens / max(1, sum(forwards)),

@@ -66,10 +66,10 @@ class ServerArgs:
         None, "Wavefront: confidence a masked position needs to count as ready "
         "(default: the algorithm's threshold).")
     dllm_gated_spawn: bool = _f(
-        True, "Wavefront with FDFO: the next block waits ahead in the batch and the GPU opens it "
-        "in the first forward after its frontier is ready (no round trip through the host). "
-        "--no-dllm-gated-spawn opens it once the host has read the readiness back.",
-        boolean=True)
+        False, "Wavefront: the next block waits ahead in the batch, in a row of its own, and the "
+        "GPU opens it in the first step after its frontier is ready (no round trip through the "
+        "host: fewer forwards per request, more rows per forward). Off: the host opens it once "
+        "it has read the readiness back.", boolean=True)
     dllm_standby: bool = _f(
         False, "Block by block (--dllm-wavefront-size 1) with FDFO: each request's next block "
         "waits in a row of its own and the GPU starts it in its predecessor's final forward "

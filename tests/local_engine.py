@@ -198,7 +198,7 @@ def scripted_engine(k: int = 4, mask: int = 15, eos: int = 14, fdfo: bool = True
                     fill: int = 7, need: Callable[[int], int] | None = None,
                     radix_cache: bool = True, page_size: int | None = None,
                     depth: int | None = None, multi_step: int = 1,
-                    ahead: int = 0, gated: bool = True, standby: bool = False) -> LocalEngine:
+                    ahead: int = 0, gated: bool = False, standby: bool = False) -> LocalEngine:
     """ahead: requests the scheduler admits past mrr (the worker's batch holds mrr at most);
     gated / standby: WavefrontConfig's (the device opens a request's next block)."""
     cfg = SchedulerConfig(block_size=k, mask_id=mask, fdfo=fdfo, max_running_requests=mrr,

@@ -198,15 +198,18 @@ def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
     assert a["output_ids"] == b["output_ids"] != c["output_ids"]
 
 
-@pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
-def test_bs1_fdfo_and_sync_are_byte_identical(tiny_model_dir: Path, algorithm: str) -> None:
+@pytest.mark.parametrize("algorithm,gated", [("LowConfidence", False), ("JointThreshold", False),
+                                              ("JointThreshold", True)])
+def test_bs1_fdfo_and_sync_are_byte_identical(tiny_model_dir: Path, algorithm: str,
+                                              gated: bool) -> None:
+    """(W = 2, the default; gated: the device opens each next block, in both modes.)"""
     prompts = ["Natalia sold clips to 48 of her friends", "The capital of France is",
                "Q: What is 12 times 13? A:"]
     params = {"max_new_tokens": 100, "ignore_eos": True}
     outs = {}
     for fdfo in (True, False):
         with make_engine(tiny_model_dir, dllm_algorithm=algorithm, dllm_fdfo=fdfo,
-                         max_running_requests=1) as e:
+                         max_running_requests=1, dllm_gated_spawn=gated) as e:
             results = e.generate(prompts, params)
             outs[fdfo] = [o["output_ids"] for o in results]
             edits = [x for o in results for x in o["meta_info"]["block_edits"]]

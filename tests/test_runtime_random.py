@@ -417,7 +417,7 @@ def test_wavefront_changes_patch_without_moving_rows() -> None:
     leading block leaves a hole, so a block that stays keeps its row through layout changes that
     alter a request's block count, unless holes cost and it is moved into one (a staged move); the
     layout checks hold after every step and every request decodes all its tokens."""
-    e = scripted_engine(fdfo=True, mrr=6, pages=160, wavefront=2, gated=False,
+    e = scripted_engine(fdfo=True, mrr=6, pages=160, wavefront=2,
                         need=lambda start: 2 + (start // K) % 3)
     batch, storage = e.worker.batch, e.worker.storage
     counts = {"in_place": 0, "moved": 0}  # count changes with no row moved / with moves

@@ -143,9 +143,9 @@ def scripted_run(wavefront: WavefrontConfig, forwards: int) -> tuple[ScriptedLog
 
 
 def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order() -> None:
-    """Host spawning (--no-dllm-gated-spawn)."""
+    """Host spawning (the default)."""
     runner, retired = scripted_run(WavefrontConfig(size=2, spawn_threshold=0.6,
-                                                   token_threshold=0.9, gated=False), 9)
+                                                   token_threshold=0.9), 9)
     # f1: block 0; f2: block 0 (ready after step 1: block 2 opens for f3); f3: blocks 0, 2
     # (block 0 converged after step 2, so f3 is its final forward) ...
     assert runner.layouts[:4] == [[1], [1], [1, 1], [1]]  # each block a row of its own
@@ -158,7 +158,7 @@ def test_gated_spawn_opens_the_next_block_on_the_device() -> None:
     was ready after step 1): a forward before the host could open it. Its forwards count from
     there; the request takes 8 forwards instead of 9."""
     runner, retired = scripted_run(WavefrontConfig(size=2, spawn_threshold=0.6,
-                                                   token_threshold=0.9), 8)
+                                                   token_threshold=0.9, gated=True), 8)
     assert [len(layout) for layout in runner.layouts] == [2, 2, 2, 2, 1, 2, 1, 1]
     assert [s for s, _, _ in retired] == [0, 2, 4, 6]
     assert all(f == 3 and ids == [1, 2] for _, f, ids in retired)
@@ -209,10 +209,12 @@ def serial_generate(runner: ModelRunner, algo, prompt: list[int], max_new: int) 
 
 
 @pytest.mark.parametrize("algorithm", ["LowConfidence", "JointThreshold"])
-@pytest.mark.parametrize("fdfo", [True, False])
+@pytest.mark.parametrize("fdfo,standby", [(True, False), (False, False), (True, True)])
 def test_w1_equals_a_plain_serial_decoder(tiny_model_dir: Path, algorithm: str,
-                                          fdfo: bool) -> None:
-    engine = local_engine(tiny_model_dir, algorithm, fdfo, wavefront=1)
+                                          fdfo: bool, standby: bool) -> None:
+    """standby: each next block waits in a row and runs in its predecessor's final forward
+    (the same tokens, every block one forward sooner)."""
+    engine = local_engine(tiny_model_dir, algorithm, fdfo, wavefront=1, standby=standby)
     prompt = list(range(5, 5 + 40))
     engine.submit("a", prompt, max_new_tokens=50, ignore_eos=True)
     engine.run()
@@ -224,9 +226,11 @@ def test_w1_equals_a_plain_serial_decoder(tiny_model_dir: Path, algorithm: str,
 
 @pytest.mark.parametrize("wavefront", [2, 3])
 @pytest.mark.parametrize("fdfo", [True, False])
+@pytest.mark.parametrize("gated", [False, True])
 def test_retired_kv_equals_serial_recomputation(tiny_model_dir: Path, wavefront: int,
-                                                fdfo: bool) -> None:
-    engine = local_engine(tiny_model_dir, "JointThreshold", fdfo, wavefront=wavefront)
+                                                fdfo: bool, gated: bool) -> None:
+    engine = local_engine(tiny_model_dir, "JointThreshold", fdfo, wavefront=wavefront,
+                          gated=gated)
     sched, runner = engine.sched, engine.worker.runner
     assert isinstance(runner, ModelRunner)
     for rid, ids in {"a": list(range(3, 78)), "b": list(range(40, 49))}.items():

@@ -33,7 +33,7 @@ class WavefrontConfig:
     spawn_threshold: float = 0.6  # theta
     token_threshold: float | None = None  # tau; None: the algorithm's own threshold
     lockstep: bool = False  # baseline: every request spawns and retires together
-    gated: bool = True  # FDFO, W > 1: the next block waits in a row, opened on the device
+    gated: bool = False  # W > 1: the next block waits in a row, opened on the device
     standby: bool = False  # FDFO, W = 1: the same (the successor waits for convergence)
 
     def __post_init__(self) -> None:
