@@ -167,3 +167,17 @@ def test_bs1_parity_with_kernels_and_graphs(tiny_model_dir: Path, algorithm: str
     if algorithm == "LowConfidence":  # the step runs eagerly either way: one algorithm will do
         eager = gpu_outputs(tiny_model_dir, algorithm, dllm_fdfo=True, disable_cuda_graph=True)
         assert eager == fdfo
+
+
+@pytest.mark.gpu
+def test_gates_in_the_captured_step(tiny_model_dir: Path) -> None:
+    """Gated rows in the CUDA-graph step (dllm/wavefront.py `open_gates`): bs=1 FDFO and sync
+    decode the same tokens with gated spawning (JointThreshold, W = 2), and W = 1 with standby
+    decodes the tokens of plain W = 1 (its next block runs in its predecessor's final forward)."""
+    gated = gpu_outputs(tiny_model_dir, "JointThreshold", dllm_fdfo=True, dllm_gated_spawn=True)
+    assert all(len(o) == 100 for o in gated)
+    assert gpu_outputs(tiny_model_dir, "JointThreshold", dllm_fdfo=False,
+                       dllm_gated_spawn=True) == gated
+    plain = gpu_outputs(tiny_model_dir, "LowConfidence", dllm_wavefront_size=1)
+    assert gpu_outputs(tiny_model_dir, "LowConfidence", dllm_wavefront_size=1,
+                       dllm_standby=True) == plain
