@@ -36,6 +36,11 @@ DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)
 # B = 32 / 64 0.2-0.6 ms faster, B = 16 equal, B = 1 / 4 0.1-0.2 ms slower: roofline_ab_block_
 # major_21c82dc.json; B = 24 not measured). A launch that does not fit the device's shared
 # memory at a batch's BLOCK_M falls back to DEFAULT_LAUNCH (fused_moe.py's _run_fitting).
+# T = 512 (the 16-block denoise bucket, 512-token prefill chunks): up 128 x 128 at 8 warps and
+# a block-major down (moe_tune_blockk_7b07470.json: 263.5 / 146.0 against 278.3 / 151.0 us a
+# layer), B = 16 rounds at ~1k 9.81-9.83 against 10.01-10.03 ms (runtime/run76_moe_t512_
+# 7b07470, in turns); at T = 256 (B = 8) the same launches ran 0.1 ms slower, so it keeps its
+# own row. Block-k 256 / 512 were slower at both sizes (the same sweep).
 MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
     (256,  # T = 32: up, down
      MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=4),
@@ -43,9 +48,12 @@ MOE_LAUNCHES: tuple[tuple[int, MoeLaunch, MoeLaunch], ...] = (
     (1024,  # T = 128
      MoeLaunch(block_n=128, block_k=128, num_warps=8, num_stages=3),
      MoeLaunch(block_n=128, block_k=128, num_warps=4, num_stages=4)),
-    (4096,  # T = 512 (32 rows a block)
+    (2048,  # T = 256 (32 rows a block)
      MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3),
      MoeLaunch(block_n=64, block_k=128, num_warps=8, num_stages=3)),
+    (4096,  # T = 512 (32 rows a block): moe_tune_blockk_7b07470.json, rounds in run 76
+     MoeLaunch(block_n=128, block_k=128, num_warps=8, num_stages=3),
+     MoeLaunch(block_n=64, block_k=128, num_warps=4, num_stages=3, block_major=True)),
     (8192,  # T = 1024 (64 rows)
      MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True),
      MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3, block_major=True)),
