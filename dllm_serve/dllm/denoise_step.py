@@ -53,11 +53,10 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
     isolate=False (a step being captured in a CUDA graph): an exception propagates."""
     ids = batch.block_ids
     before = ids.clone() if spec.wavefront or isolate else None  # (a graph's step: no restore)
-    gated = batch.gates is not None
-    saved = (None if state is None or not (isolate or gated)
-             else {k: v.clone() for k, v in state.items()})
     waiting = None if batch.gates is None else open_gates(
-        *batch.gates, batch.row_req, batch.row_start, batch.block_size)
+        *batch.gates, batch.row_req, batch.row_start, batch.block_size)  # (N,) bool
+    saved = (None if state is None or not (isolate or waiting is not None)
+             else {k: v.clone() for k, v in state.items()})
     failed: list[int] = []
     try:
         out = algo.step(batch, logits, state)
@@ -79,9 +78,9 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
         hold(ids, state, saved, waiting, algo.mask_id)
         done, ready = done & ~waiting, None if ready is None else ready & ~waiting
     converged = algo.converged(batch, state)
-    if waiting is not None:
+    if waiting is not None:  # and report no flags; the next step's gates read these
+        assert batch.gates is not None
         converged = converged & ~waiting
-    if batch.gates is not None:  # the flags the next step's gates read
         flag = converged.long() if ready is None else converged.long() | ready.long() * READY
         batch.gates[1].copy_(flag)
     pack = pack_readout if ids.is_cuda else pack_readout_torch

@@ -11,10 +11,11 @@ live batch directly. Buffers, `capacity` rows each:
   req_params {name: (keys,)} float32      per-request values of the algorithm's request_params
                                           (indexed by row_req), the config default where unset
                                           (one more column past the keys: the inbox's scratch)
-  gate, flag (capacity,) int64 (gated storage only): a row's gate (the flags of its predecessor
-                                          that open it; 0: open) and its flags after its last
-                                          step (converged | ready << 1), both moved with the
-                                          row (dllm/wavefront.py `open_gates`)
+  gate, flag (capacity,) int64 (gated storage only; the columns of one (capacity, 2) buffer): a
+                                          row's gate (the flags of its predecessor that open
+                                          it; 0: open) and its flags after its last step
+                                          (converged | ready << 1), both moved with the row
+                                          like its state (dllm/wavefront.py `open_gates`)
 Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
 free_key (a layout that gives a row up writes it so): the step groups rows by row_req. One more
 row past `capacity` (the scratch row) takes the unused records of the inbox.
@@ -76,10 +77,13 @@ class RowStorage:
         self.params = torch.tensor(self.defaults, device=device)[:, None].repeat(1, free_key + 2)
         self.row_req.fill_(free_key)
         # gated: per row its gate and its last flags (moved with the row; see open_gates)
-        self.all_gates = (torch.zeros(2, rows, dtype=torch.int64, device=device) if gated
+        self.all_gates = (torch.zeros(rows, 2, dtype=torch.int64, device=device) if gated
                           else None)
         self.gate, self.flag = ((None, None) if self.all_gates is None
-                                else self.all_gates[:, :capacity].unbind(0))
+                                else self.all_gates[:capacity].unbind(1))
+        # the per-row tensors a move carries to its target row (the ids move in apply_rows)
+        self.carried_by_moves = [*(self.all_state or {}).values(),
+                                 *([] if self.all_gates is None else [self.all_gates])]
         self.width = record_width(block_size)
         # a layout change stages at most every row twice (a new block or a move, a freed row)
         # and each request's params once
@@ -190,15 +194,13 @@ class RowStorage:
         self.sent = False
         if self.ring is not None:
             self.ring.fetch(self.inbox)
-        if self.all_state is not None:  # before apply_rows zeroes the count
-            # the records of new blocks and moves are among the first `capacity`: write_rows
-            # stages them first (freed rows and params after them)
+        if self.carried_by_moves:  # before apply_rows zeroes the count
             records, staged = self._staged()
-            self._move_state(records, staged)
-            if self.algo.graph_safe:
+            self._move_rows(records, staged)
+            if self.all_state is not None and self.algo.graph_safe:
                 self._fresh_state(records, staged)
-        if self.all_gates is not None:
-            self._gates(*self._staged())
+            if self.all_gates is not None:
+                self._new_gates(records, staged)
         if self.device.type == "cuda":
             apply_rows(self.inbox, self.all_ids, self.all_meta, self.params)
         else:
@@ -211,30 +213,24 @@ class RowStorage:
         records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
         return records, self._rows_arange < self.inbox[0]
 
-    def _gates(self, records: torch.Tensor, staged: torch.Tensor) -> None:
-        """A moved row takes its source's gate and flags; a new block's row its record's gate
-        and flags 0 (the scratch row takes the other records'). Freed rows keep theirs: a row of
-        no request is nobody's predecessor, and a gate left there only resets a hole."""
+    def _new_gates(self, records: torch.Tensor, staged: torch.Tensor) -> None:
+        """A new block's row := its record's gate and flags 0 (the scratch row takes the other
+        records'). Freed rows keep theirs: a row of no request is nobody's predecessor, and a
+        gate left there only resets a hole."""
         assert self.all_gates is not None
         flags = records[:, 4]
-        moved = staged & ((flags & MOVED) != 0)
         new = staged & ((flags & HAS_IDS) != 0)
-        source = torch.where(moved, records[:, RECORD_HEAD], self.capacity)
-        value = self.all_gates.index_select(1, source)  # (2, capacity): read before any write
-        value[0] = torch.where(new, flags >> GATE_SHIFT, value[0])
-        value[1] = torch.where(new, 0, value[1])
-        self.all_gates.index_copy_(1, torch.where(moved | new, records[:, 0], self.capacity),
-                                   value)
+        value = torch.stack([flags >> GATE_SHIFT, torch.zeros_like(flags)], 1)  # (capacity, 2)
+        self.all_gates.index_copy_(0, torch.where(new, records[:, 0], self.capacity), value)
 
-    def _move_state(self, records: torch.Tensor, staged: torch.Tensor) -> None:
-        """Each MOVED record's row takes its source row's state (the scratch row takes the
-        other records'). Sources are never targets of the same write, so the order of the
-        copies does not matter; the ids move in apply_rows."""
-        assert self.all_state is not None
+    def _move_rows(self, records: torch.Tensor, staged: torch.Tensor) -> None:
+        """Each MOVED record's row takes its source row's state and gates (the scratch row
+        takes the other records'). Sources are never targets of the same write, so the order
+        of the copies does not matter; the ids move in apply_rows."""
         moved = staged & ((records[:, 4] & MOVED) != 0)
         target = torch.where(moved, records[:, 0], self.capacity)
         source = torch.where(moved, records[:, RECORD_HEAD], self.capacity)
-        for value in self.all_state.values():
+        for value in self.carried_by_moves:
             value.index_copy_(0, target, value.index_select(0, source))
 
     def _fresh_state(self, records: torch.Tensor, staged: torch.Tensor) -> None:

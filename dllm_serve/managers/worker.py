@@ -304,8 +304,8 @@ class Worker:
             self.pacing.retired([b.final_step for _, b, _ in self.report.retired[before:]])
 
     def _notable(self, launch: Launch, data: np.ndarray) -> list[int]:
-        """The rows a readout `data` (N, K + 5) says something new about: bad, at the step
-        bound, or flags (converged, ready) that differ from what the host knows of their
+        """The rows a readout `data` (N, K + 6) says something new about: bad, at the step
+        bound, or flags (converged, ready, gated) that differ from what the host knows of their
         blocks (refreshing any other live row changes nothing)."""
         k, rows, n = self.k, launch.layout.rows, len(launch.layout.rows)
         notable = (data[:, k + BAD] > 0) | (launch.steps >= self.max_steps)
