@@ -70,38 +70,42 @@ def burst_us(fn, dev):
     return 1e3 * time_ms(burst, 2, 10, dev) / 5
 
 
+def variant(h, w2, blocks, ref, dev, bn, tiles, warps, stages):
+    """One launch of the whole-K kernel: its error against the served output and its time."""
+    v = {"block_n": bn, "tiles": tiles, "warps": warps, "stages": stages}
+    try:
+        y = wholek(h, w2, blocks, bn, tiles, warps, stages)
+        v["max_abs_err"] = (y.float() - ref.float()).abs().max().item()
+        v["us"] = burst_us(lambda: wholek(h, w2, blocks, bn, tiles, warps, stages), dev)
+    except Exception as exc:
+        v["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    print(h.shape[0] // TOP_K, v, flush=True)
+    return v
+
+
+def one_size(tokens, w2, gen, dev):
+    ids = torch.rand(tokens, E, generator=gen, device=dev).topk(TOP_K, 1).indices
+    blocks = fm.expert_blocks(ids, E)
+    h = torch.randn(tokens * TOP_K, INTER, generator=gen, device=dev).bfloat16()
+    launch = choose_moe_launches(tokens * TOP_K)[1]
+    ref = fm.down_proj(h, w2, blocks, launch)
+    base = burst_us(lambda: fm.down_proj(h, w2, blocks, launch), dev)
+    row = {"tokens": tokens, "block_m": blocks.block_m, "served_us": base,
+           "served": repr(launch),
+           "variants": [variant(h, w2, blocks, ref, dev, *c) for c in
+                        itertools.product((32, 64), (4, 8, 16), (4, 8), (2, 3))]}
+    ok = [v for v in row["variants"] if "us" in v and v["max_abs_err"] < 0.05]
+    row["best"] = min(ok, key=lambda v: v["us"]) if ok else None
+    print(tokens, "BEST", row["best"], "served", round(base, 1), flush=True)
+    return row
+
+
 def main(out_path):
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     w2 = 0.02 * torch.randn(E, HIDDEN, INTER, generator=gen, device=dev, dtype=torch.bfloat16)
-    results = []
     with torch.inference_mode():
-        for tokens in (128, 512, 1024, 2048):
-            ids = torch.rand(tokens, E, generator=gen, device=dev).topk(TOP_K, 1).indices
-            blocks = fm.expert_blocks(ids, E)
-            h = torch.randn(tokens * TOP_K, INTER, generator=gen, device=dev).bfloat16()
-            launch = choose_moe_launches(tokens * TOP_K)[1]
-            ref = fm.down_proj(h, w2, blocks, launch)
-            base = burst_us(lambda: fm.down_proj(h, w2, blocks, launch), dev)
-            row = {"tokens": tokens, "block_m": blocks.block_m, "served_us": base,
-                   "served": repr(launch), "variants": []}
-            print(tokens, "served", round(base, 1), flush=True)
-            for bn, tiles, warps, stages in itertools.product((32, 64), (4, 8, 16),
-                                                              (4, 8), (2, 3)):
-                v = {"block_n": bn, "tiles": tiles, "warps": warps, "stages": stages}
-                try:
-                    y = wholek(h, w2, blocks, bn, tiles, warps, stages)
-                    v["max_abs_err"] = (y.float() - ref.float()).abs().max().item()
-                    v["us"] = burst_us(lambda: wholek(h, w2, blocks, bn, tiles, warps, stages),
-                                       dev)
-                except Exception as exc:
-                    v["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-                print(tokens, v, flush=True)
-                row["variants"].append(v)
-            ok = [v for v in row["variants"] if "us" in v and v["max_abs_err"] < 0.05]
-            row["best"] = min(ok, key=lambda v: v["us"]) if ok else None
-            print(tokens, "BEST", row["best"], "served", round(base, 1), flush=True)
-            results.append(row)
+        results = [one_size(tokens, w2, gen, dev) for tokens in (128, 512, 1024, 2048)]
     Path(out_path).write_text(json.dumps(results, indent=1))
 
 

@@ -34,13 +34,14 @@ from dllm_serve.kernels.moe_sum import sum_choices  # noqa: E402
 from dllm_serve.layers.moe import SparseMoeBlock, set_moe_backend  # noqa: E402
 from dllm_serve.layers.moe_router import RoutingParams  # noqa: E402
 
-H, I, E, K, LAYERS, CALLS = 2048, 512, 256, 8, 4, 8
+H, INTER, E, K, LAYERS, CALLS = 2048, 512, 256, 8, 4, 8
 P = RoutingParams(top_k=K, score_function="sigmoid", n_group=8, topk_group=4, renormalize=True,
                   scaling=2.5)
 
 
 def make_layer(gen):
-    block = SparseMoeBlock(H, E, I, P, expert_bias=True, router_fp32=True, shared_intermediate=I)
+    block = SparseMoeBlock(H, E, INTER, P, expert_bias=True, router_fp32=True,
+                           shared_intermediate=INTER)
     block = block.cuda()
     with torch.no_grad():
         for name, p in block.named_parameters():
@@ -108,35 +109,38 @@ def graph_us(fn):
 SINK = None
 
 
+def one_size(b, layers, side, gen):
+    """Served against overlapped MoE layers at B blocks of 32 tokens (microseconds a layer)."""
+    t = 32 * b
+    x = torch.randn(t, H, generator=gen, device="cuda").bfloat16()
+    res = torch.randn(t, H, generator=gen, device="cuda").bfloat16()
+    served = layers[0](x, res)
+    mine = overlapped(layers[0], x, res, side)
+    torch.cuda.synchronize()
+    err = ((served.float() - mine.float()).abs().max() / served.float().abs().max()).item()
+
+    def calls(pf=None, bm=False):
+        if pf is None:
+            return graph_us(lambda: [layers[i % LAYERS](x, res) for i in range(CALLS)])
+        return graph_us(lambda: [overlapped(layers[i % LAYERS], x, res, side, pf, bm)
+                                 for i in range(CALLS)])
+
+    row = {"B": b, "tokens": t, "rel_err": err, "served_us": calls(), "overlap_us": calls(0)}
+    for pf, bm in ((0, True), (6, True), (10, True), (14, True), (10, False)):
+        row[f"overlap_pf{pf}_bm{int(bm)}_us"] = calls(pf, bm)
+    row["served_us_again"] = calls()
+    print(row, flush=True)
+    return row
+
+
 def main(out_path):
     global SINK
     SINK = torch.zeros(1 << 16, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers = [make_layer(gen) for _ in range(LAYERS)]
     side = torch.cuda.Stream()
-    results = []
     with torch.inference_mode():
-        for b in (1, 16, 64):
-            t = 32 * b
-            x = torch.randn(t, H, generator=gen, device="cuda").bfloat16()
-            res = torch.randn(t, H, generator=gen, device="cuda").bfloat16()
-            served = layers[0](x, res)
-            mine = overlapped(layers[0], x, res, side)
-            torch.cuda.synchronize()
-            err = ((served.float() - mine.float()).abs().max() / served.float().abs().max()).item()
-            row = {"B": b, "tokens": t, "rel_err": err,
-                   "served_us": graph_us(lambda: [layers[i % LAYERS](x, res)
-                                                  for i in range(CALLS)]),
-                   "overlap_us": graph_us(lambda: [overlapped(layers[i % LAYERS], x, res, side)
-                                                   for i in range(CALLS)])}
-            for pf, bm in ((0, True), (6, True), (10, True), (14, True), (10, False)):
-                row[f"overlap_pf{pf}_bm{int(bm)}_us"] = graph_us(
-                    lambda: [overlapped(layers[i % LAYERS], x, res, side, pf, bm)
-                             for i in range(CALLS)])
-            row["served_us_again"] = graph_us(lambda: [layers[i % LAYERS](x, res)
-                                                       for i in range(CALLS)])
-            print(row, flush=True)
-            results.append(row)
+        results = [one_size(b, layers, side, gen) for b in (1, 16, 64)]
     Path(out_path).write_text(json.dumps(results, indent=1))
 
 

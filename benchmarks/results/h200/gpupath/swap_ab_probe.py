@@ -14,7 +14,6 @@ launches), outputs compared.
 
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -122,44 +121,52 @@ def burst_us(fn, dev):
     return 1e3 * time_ms(burst, 2, 10, dev) / 5
 
 
+def best_of(fn, ref, configs, dev):
+    """Every config of one swapped kernel: error against the served output, time; the best."""
+    rows = []
+    for c in configs:
+        v = dict(c)
+        try:
+            v["max_abs_err"] = (fn(c).float() - ref.float()).abs().max().item()
+            v["us"] = burst_us(lambda c=c: fn(c), dev)
+        except Exception as exc:
+            v["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
+        rows.append(v)
+    ok = [v for v in rows if "us" in v and v["max_abs_err"] < 0.05]
+    return rows, (min(ok, key=lambda v: v["us"]) if ok else None)
+
+
+def one_size(tokens, w13, w2, gen, dev, configs):
+    ids = torch.rand(tokens, E, generator=gen, device=dev).topk(TOP_K, 1).indices
+    blocks = fm.expert_blocks(ids, E)
+    x = torch.randn(tokens, HIDDEN, generator=gen, device=dev).bfloat16()
+    up_l, down_l = choose_moe_launches(tokens * TOP_K)
+    h = fm.up_proj(x, w13, blocks, TOP_K, up_l)
+    y = fm.down_proj(h, w2, blocks, down_l)
+    row = {"tokens": tokens, "block_m": blocks.block_m,
+           "served_up_us": burst_us(lambda: fm.up_proj(x, w13, blocks, TOP_K, up_l), dev),
+           "served_down_us": burst_us(lambda: fm.down_proj(h, w2, blocks, down_l), dev)}
+    print(tokens, "served", row["served_up_us"], row["served_down_us"], flush=True)
+    row["up"], row["best_up"] = best_of(lambda c: up_swap(x, w13, blocks, c), h,
+                                        configs, dev)
+    row["down"], row["best_down"] = best_of(lambda c: down_swap(h, w2, blocks, c), y,
+                                            configs, dev)
+    for kind in ("up", "down"):
+        print(tokens, kind, "BEST", row[f"best_{kind}"], "served", row[f"served_{kind}_us"],
+              flush=True)
+    return row
+
+
 def main(out_path):
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     w13 = 0.02 * torch.randn(E, 2 * INTER, HIDDEN, generator=gen, device=dev, dtype=torch.bfloat16)
     w2 = 0.02 * torch.randn(E, HIDDEN, INTER, generator=gen, device=dev, dtype=torch.bfloat16)
-    results = []
     configs = [dict(bn=bn, bk=bk, w=w, s=s, bm=bm) for bn, bk, w, s, bm in
                itertools.product((64, 128), (64, 128), (4, 8), (3,), (False, True))]
     with torch.inference_mode():
-        for tokens in (128, 512, 1024, 2048):
-            ids = torch.rand(tokens, E, generator=gen, device=dev).topk(TOP_K, 1).indices
-            blocks = fm.expert_blocks(ids, E)
-            x = torch.randn(tokens, HIDDEN, generator=gen, device=dev).bfloat16()
-            up_l, down_l = choose_moe_launches(tokens * TOP_K)
-            h = fm.up_proj(x, w13, blocks, TOP_K, up_l)
-            y = fm.down_proj(h, w2, blocks, down_l)
-            row = {"tokens": tokens, "block_m": blocks.block_m,
-                   "served_up_us": burst_us(lambda: fm.up_proj(x, w13, blocks, TOP_K, up_l), dev),
-                   "served_down_us": burst_us(lambda: fm.down_proj(h, w2, blocks, down_l), dev),
-                   "up": [], "down": []}
-            print(tokens, "served", row["served_up_us"], row["served_down_us"], flush=True)
-            for kind, fn, ref in (("up", lambda c: up_swap(x, w13, blocks, c), h),
-                                  ("down", lambda c: down_swap(h, w2, blocks, c), y)):
-                for c in configs:
-                    v = dict(c)
-                    try:
-                        out = fn(c)
-                        v["max_abs_err"] = (out.float() - ref.float()).abs().max().item()
-                        v["us"] = burst_us(lambda: fn(c), dev)
-                    except Exception as exc:
-                        v["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
-                    row[kind].append(v)
-                ok = [v for v in row[kind] if "us" in v and v["max_abs_err"] < 0.05]
-                row[f"best_{kind}"] = min(ok, key=lambda v: v["us"]) if ok else None
-                print(tokens, kind, "BEST", row[f"best_{kind}"], "served",
-                      row[f"served_{kind}_us"], flush=True)
-            results.append(row)
-            Path(out_path).write_text(json.dumps(results, indent=1))
+        results = [one_size(t, w13, w2, gen, dev, configs) for t in (128, 512, 1024, 2048)]
+    Path(out_path).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
