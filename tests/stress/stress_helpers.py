@@ -19,6 +19,9 @@ T = TypeVar("T")
 
 LONG = os.environ.get("DLLM_SERVE_STRESS", "short") == "long"
 SEED = int(os.environ.get("DLLM_SERVE_STRESS_SEED", "0"))
+# Engine flags the soak's server gets on top of its own (a scheduling mode to soak, e.g.
+# "--dllm-gated-spawn" or "--dllm-standby --dllm-wavefront-size 1"), split on white space.
+EXTRA_FLAGS = tuple(os.environ.get("DLLM_SERVE_STRESS_FLAGS", "").split())
 REPORT: list[str] = []  # one line per test, printed in the session summary
 # Server log lines that must never appear (a bug, a leak, an unanswered request).
 BAD_LOG_LINES = ("Traceback", "memory leak", "Exception in ASGI", "internal error",

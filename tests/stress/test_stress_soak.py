@@ -26,6 +26,7 @@ import httpx
 import pytest
 from http_helpers import Server, held_pages, pools_whole, start_server
 from stress_helpers import (
+    EXTRA_FLAGS,
     SEED,
     assert_clean_log,
     assert_openai_error,
@@ -49,7 +50,7 @@ NUM_REQUESTS = scale(300, 10000)
 CONCURRENCY = scale(48, 128)
 CONTEXT = 1024
 FLAGS = ("--max-running-requests", "16", "--context-length", str(CONTEXT),
-         "--served-model-name", "tiny")
+         "--served-model-name", "tiny", *EXTRA_FLAGS)
 CLIENT_TIMEOUT_S = scale(120.0, 600.0)  # a request still unanswered by then is a hang
 # Request kinds and their weights (per 100). The disconnect kinds add up to 25.
 KINDS = {"completion": 10, "completion_stream": 12, "chat": 7, "chat_stream": 8, "generate": 7,
