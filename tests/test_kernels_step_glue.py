@@ -1,9 +1,11 @@
 """The step's one-launch kernels equal their torch oracles exactly: the readout pack
-(kernels/readout.py against `pack_readout_torch`) and the algorithms' commits (kernels/commit.py
-against `LowConfidence.commit` and `JointThreshold.commit`), on rows with and without masks,
-ties, rows where no position clears the threshold (the top-1 fallback), non-finite confidences,
-per-request thresholds, and JointThreshold's edits, post-edit budget and finished blocks.
-Small shapes run in the interpreter on the CPU, the same shapes on CUDA where there is one."""
+(kernels/readout.py against `pack_readout_torch`), the wavefront's flags (kernels/
+wavefront_flags.py against `wavefront_flags_torch`) and the algorithms' commits
+(kernels/commit.py against `LowConfidence.commit` and `JointThreshold.commit`), on rows with
+and without masks, ties, rows where no position clears the threshold (the top-1 fallback),
+non-finite confidences, per-request thresholds, and JointThreshold's edits, post-edit budget
+and finished blocks. Small shapes run in the interpreter on the CPU, the same shapes on CUDA
+where there is one."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import torch
 
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
+from dllm_serve.dllm.wavefront import wavefront_flags_torch
 from dllm_serve.kernels.commit import Threshold, commit_confident, commit_joint
 from dllm_serve.kernels.readout import pack_readout, pack_readout_torch
+from dllm_serve.kernels.wavefront_flags import wavefront_flags
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MASK = 99
@@ -76,6 +80,36 @@ def commit_case(n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
         p[2] = 0.1  # no position clears: the fallback takes the first masked one
         p[3, 1] = float("nan")  # NaN counts as the largest (torch.argmax)
     return ids.to(DEVICE), x.to(DEVICE), p.to(DEVICE)
+
+
+@pytest.mark.parametrize("n,k", [(1, 4), (5, 32), (16, 8), (33, 32), (70, 4)])
+def test_wavefront_flags_equal_torch(n: int, k: int) -> None:
+    """Rows of several requests in any order (2-3 blocks each, some rows alone, padding rows
+    with one shared key), some changed by the step, masked or not before it, confidences
+    around tau (NaN too), readiness exactly at theta (3 of 5 over 0.6): both flags equal the
+    oracle's, across the kernel's row tiles (16) and change-flag chunks (32)."""
+    gen = torch.Generator().manual_seed(n * 31 + k)
+    before = torch.randint(0, 6, (n, k), generator=gen)
+    before[before > 2] = MASK  # about half masked
+    ids = before.clone()
+    step = torch.rand(n, k, generator=gen) < 0.2
+    ids[step] = torch.randint(0, 6, (int(step.sum()),), generator=gen)  # some rows change
+    conf = torch.rand(n, k, generator=gen)
+    conf[torch.rand(n, k, generator=gen) < 0.05] = float("nan")
+    if k >= 5:  # a row at exactly theta: 3 of its 5 masked positions confident
+        before[0], conf[0] = 7, 0.0
+        before[0, :5], conf[0, :3] = MASK, 0.95
+    row_req = torch.randint(0, max(1, n // 2), (n,), generator=gen)
+    row_req[-(n // 8):] = 10_000 if n >= 8 else row_req[-(n // 8):]  # padding: one key
+    row_start = torch.randint(0, 4, (n,), generator=gen) * k
+    args = [t.to(DEVICE) for t in (ids, before, conf, row_req, row_start)]
+    got = wavefront_flags(*args, MASK, 0.9, 0.6)
+    want = wavefront_flags_torch(*args, MASK, 0.9, 0.6)
+    assert all(g.dtype == torch.bool and g.shape == (n,) for g in got)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if k >= 5:
+        assert not got[1][0]  # rho = 0.6 is not > 0.6
+    assert want[0].any() or n < 8  # the case has reopened rows
 
 
 @pytest.mark.parametrize("n,k", [(1, 8), (6, 8), (40, 32)])

@@ -13,7 +13,9 @@ edits: T2T edits the block has had; gated: the row still waits for its predecess
 with gates: dllm/wavefront.py `open_gates`; such a row leaves the step as it entered it, and
 its flags are 0). One device-to-host copy of `readout` per forward is all the
 host needs. Nothing here synchronises with the host. On CUDA the readout is packed in one
-launch (kernels/readout.py; `pack_readout_torch` elsewhere, its oracle).
+launch (kernels/readout.py; `pack_readout_torch` elsewhere, its oracle), and the wavefront's
+flags (reopen, readiness) come from one launch (kernels/wavefront_flags.py;
+`wavefront_flags_torch` elsewhere).
 
 If the step raises, the batch is restored from a snapshot and stepped one request at a time, so
 only the requests whose step raises fail (their rows come back unchanged and `bad`).
@@ -28,8 +30,9 @@ import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State, StepOutput
 from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.wavefront import READY, earlier_block_changed, open_gates, readiness
+from dllm_serve.dllm.wavefront import READY, open_gates, wavefront_flags_torch
 from dllm_serve.kernels.readout import FLAG_COLUMNS, pack_readout, pack_readout_torch
+from dllm_serve.kernels.wavefront_flags import wavefront_flags
 from dllm_serve.model.head import Scores, as_logits
 
 logger = logging.getLogger(__name__)
@@ -69,10 +72,10 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
     ready = None
     if spec.wavefront:
         assert before is not None
-        algo.reopen(state, earlier_block_changed((ids != before).any(1), batch.row_req,
-                                                   batch.row_start))
-        rho = readiness(before == algo.mask_id, out.confidence, spec.token_threshold)
-        ready = rho > spec.spawn_threshold
+        flags = wavefront_flags if ids.is_cuda else wavefront_flags_torch
+        changed, ready = flags(ids, before, out.confidence, batch.row_req, batch.row_start,
+                               algo.mask_id, spec.token_threshold, spec.spawn_threshold)
+        algo.reopen(state, changed)
     done = out.done
     if waiting is not None:  # waiting rows leave as they entered: all masks, their state
         hold(ids, state, saved, waiting, algo.mask_id)

@@ -67,6 +67,18 @@ def earlier_block_changed(changed: torch.Tensor, row_req: torch.Tensor,
     return (same & earlier & changed[None, :]).any(1)
 
 
+def wavefront_flags_torch(ids: torch.Tensor, before: torch.Tensor, confidence: torch.Tensor,
+                          row_req: torch.Tensor, row_start: torch.Tensor, mask_id: int,
+                          tau: float, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's wavefront flags: ids / before (N, K) the block rows after / before it,
+    confidence (N, K) fp32 its confidences, row_req / row_start (N,) -> (changed_earlier,
+    ready), each (N,) bool: an earlier block of the same request changed in this step (its
+    convergence must be judged again), and the row's readiness exceeds theta. The oracle of
+    kernels/wavefront_flags.py (one launch on CUDA) and the CPU path."""
+    changed = earlier_block_changed((ids != before).any(1), row_req, row_start)
+    return changed, readiness(before == mask_id, confidence, tau) > theta
+
+
 def open_gates(gate: torch.Tensor, flag: torch.Tensor, row_req: torch.Tensor,
                row_start: torch.Tensor, block_size: int) -> torch.Tensor:
     """gate (N,) int64: per row the predecessor flags that open it (0: open); flag (N,) int64:

@@ -9,6 +9,9 @@
   `moe_align.align_by_expert` and `moe_reference`.
 - step: argmax and confidence over the vocabulary for greedy rows; oracle
   `DllmAlgorithm.predict`'s torch path.
+- readout, commit, wavefront_flags: the step's glue in one launch each (the readout's packing,
+  the algorithms' commits, the wavefront's reopen and readiness flags); oracles
+  `pack_readout_torch`, the algorithms' `commit`, `dllm.wavefront.wavefront_flags_torch`.
 - lm_head: the LM head's GEMM with that argmax and confidence in its epilogue (no logits
   tensor; the rows an algorithm does not read skipped), for the forward + step graphs; oracle
   `reference_head_greedy`.
