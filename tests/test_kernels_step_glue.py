@@ -1,6 +1,7 @@
 """The step's one-launch kernels equal their torch oracles exactly: the readout pack
-(kernels/readout.py against `pack_readout_torch`), the wavefront's flags (kernels/
-wavefront_flags.py against `wavefront_flags_torch`) and the algorithms' commits
+(kernels/readout.py against `pack_readout_torch`, waiting rows and the gates' flags too), the
+wavefront's flags and gates (kernels/wavefront_flags.py against `wavefront_flags_torch` and
+`open_gates`) and the algorithms' commits
 (kernels/commit.py against `LowConfidence.commit` and `JointThreshold.commit`), on rows with
 and without masks, ties, rows where no position clears the threshold (the top-1 fallback),
 non-finite confidences, per-request thresholds, and JointThreshold's edits, post-edit budget
@@ -14,10 +15,10 @@ import torch
 
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
-from dllm_serve.dllm.wavefront import wavefront_flags_torch
+from dllm_serve.dllm.wavefront import open_gates, wavefront_flags_torch
 from dllm_serve.kernels.commit import Threshold, commit_confident, commit_joint
 from dllm_serve.kernels.readout import pack_readout, pack_readout_torch
-from dllm_serve.kernels.wavefront_flags import wavefront_flags
+from dllm_serve.kernels.wavefront_flags import open_gates_fused, wavefront_flags
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MASK = 99
@@ -53,6 +54,51 @@ def test_readout_pack_equals_torch(n: int, k: int, with_ready: bool, with_edits:
         assert torch.equal(out[:, k + 5], gated.long())
     assert torch.equal(out, ref)
     assert out[0, k + 2] == 1  # the NaN row is bad
+
+
+@pytest.mark.parametrize("with_ready", [False, True])
+def test_readout_pack_masks_waiting_rows_and_writes_their_flags(with_ready: bool) -> None:
+    """With gated rows the pack reports no converged / ready / done for them and writes every
+    row's flags (converged | ready << 1) into a strided column, as the torch oracle does."""
+    gen = torch.Generator().manual_seed(5)
+    n, k = 37, 8
+    ids = torch.randint(0, 100, (n, k), generator=gen).to(DEVICE)
+    conf = torch.rand(n, k, generator=gen).to(DEVICE)
+    ready = flags(n, gen) if with_ready else None
+    args = (ids, conf, flags(n, gen), ready, flags(n, gen), None, flags(n, gen))
+    out_flags = torch.full((n, 2), 7, dtype=torch.int64, device=DEVICE)  # gate, flag columns
+    ref_flags = out_flags.clone()
+    out = pack_readout(*args, out_flags[:, 1])
+    ref = pack_readout_torch(*args, ref_flags[:, 1])
+    assert torch.equal(out, ref) and torch.equal(out_flags, ref_flags)
+    gated = args[6]
+    assert not out[gated][:, [k, k + 1, k + 3]].any()  # waiting rows: no converged/ready/done
+    want = args[2] & ~gated
+    if ready is not None:
+        want = want.long() | (ready & ~gated).long() << 1
+    assert torch.equal(out_flags[:, 1], want.long()) and (out_flags[:, 0] == 7).all()
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 45])
+def test_open_gates_fused_equals_torch(n: int) -> None:
+    """Gated rows open when the block before them (same request, start - K) has one of their
+    gate's flags or has no row: the fused launch's waiting rows and cleared gates equal
+    `open_gates`' (strided gate / flag columns, as RowStorage keeps them)."""
+    gen = torch.Generator().manual_seed(n)
+    k = 4
+    row_req = torch.randint(0, max(1, n // 3), (n,), generator=gen)
+    row_start = torch.randint(0, 4, (n,), generator=gen) * k
+    both = torch.stack([torch.randint(0, 4, (n,), generator=gen),
+                        torch.randint(0, 4, (n,), generator=gen)], 1)  # (gate, flag) per row
+    both[torch.rand(n, generator=gen) < 0.3, 0] = 0  # some open rows
+    fused, ref = both.clone().to(DEVICE), both.clone().to(DEVICE)
+    rr, rs = row_req.to(DEVICE), row_start.to(DEVICE)
+    waiting = open_gates_fused(fused[:, 0], fused[:, 1], rr, rs, k)
+    want = open_gates(ref[:, 0], ref[:, 1], rr, rs, k)
+    assert waiting.dtype == torch.bool and torch.equal(waiting, want)
+    assert torch.equal(fused, ref)  # gates cleared alike, flags untouched
+    if n >= 16:
+        assert want.any() and (both[:, 0] != 0).sum() > want.sum()  # some wait, some opened
 
 
 def test_readout_pack_reads_strided_flags() -> None:

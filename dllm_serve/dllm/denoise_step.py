@@ -13,9 +13,10 @@ edits: T2T edits the block has had; gated: the row still waits for its predecess
 with gates: dllm/wavefront.py `open_gates`; such a row leaves the step as it entered it, and
 its flags are 0). One device-to-host copy of `readout` per forward is all the
 host needs. Nothing here synchronises with the host. On CUDA the readout is packed in one
-launch (kernels/readout.py; `pack_readout_torch` elsewhere, its oracle), and the wavefront's
-flags (reopen, readiness) come from one launch (kernels/wavefront_flags.py;
-`wavefront_flags_torch` elsewhere).
+launch (kernels/readout.py; `pack_readout_torch` elsewhere, its oracle: with gates it also
+masks the waiting rows' flags and writes the flags the next step's gates read), and the
+wavefront's flags (reopen, readiness) and the gates' opening come from one launch each
+(kernels/wavefront_flags.py; `wavefront_flags_torch` and `open_gates` elsewhere).
 
 If the step raises, the batch is restored from a snapshot and stepped one request at a time, so
 only the requests whose step raises fail (their rows come back unchanged and `bad`).
@@ -30,9 +31,9 @@ import torch
 
 from dllm_serve.dllm.algorithms.base import DllmAlgorithm, State, StepOutput
 from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.wavefront import READY, open_gates, wavefront_flags_torch
+from dllm_serve.dllm.wavefront import open_gates, wavefront_flags_torch
 from dllm_serve.kernels.readout import FLAG_COLUMNS, pack_readout, pack_readout_torch
-from dllm_serve.kernels.wavefront_flags import wavefront_flags
+from dllm_serve.kernels.wavefront_flags import open_gates_fused, wavefront_flags
 from dllm_serve.model.head import Scores, as_logits
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
     isolate=False (a step being captured in a CUDA graph): an exception propagates."""
     ids = batch.block_ids
     before = ids.clone() if spec.wavefront or isolate else None  # (a graph's step: no restore)
-    waiting = None if batch.gates is None else open_gates(
+    gates = open_gates_fused if ids.is_cuda else open_gates
+    waiting = None if batch.gates is None else gates(
         *batch.gates, batch.row_req, batch.row_start, batch.block_size)  # (N,) bool
     saved = (None if state is None or not (isolate or waiting is not None)
              else {k: v.clone() for k, v in state.items()})
@@ -76,19 +78,13 @@ def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
         changed, ready = flags(ids, before, out.confidence, batch.row_req, batch.row_start,
                                algo.mask_id, spec.token_threshold, spec.spawn_threshold)
         algo.reopen(state, changed)
-    done = out.done
     if waiting is not None:  # waiting rows leave as they entered: all masks, their state
         hold(ids, state, saved, waiting, algo.mask_id)
-        done, ready = done & ~waiting, None if ready is None else ready & ~waiting
     converged = algo.converged(batch, state)
-    if waiting is not None:  # and report no flags; the next step's gates read these
-        assert batch.gates is not None
-        converged = converged & ~waiting
-        flag = converged.long() if ready is None else converged.long() | ready.long() * READY
-        batch.gates[1].copy_(flag)
     pack = pack_readout if ids.is_cuda else pack_readout_torch
-    return pack(ids, out.confidence, converged, ready, done, algo.edits(state),
-                waiting), failed
+    # waiting rows report no flags; the next step's gates read the flags the pack writes
+    return pack(ids, out.confidence, converged, ready, out.done, algo.edits(state), waiting,
+                None if batch.gates is None else batch.gates[1]), failed
 
 
 def hold(ids: torch.Tensor, state: State | None, saved: State | None, waiting: torch.Tensor,
@@ -98,7 +94,7 @@ def hold(ids: torch.Tensor, state: State | None, saved: State | None, waiting: t
     for key, value in (state or {}).items():
         assert saved is not None
         keep = waiting.view(-1, *[1] * (value.dim() - 1))
-        value.copy_(torch.where(keep, saved[key], value))
+        torch.where(keep, saved[key], value, out=value)  # (one launch: out is value itself)
 
 
 def step_each_request(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,

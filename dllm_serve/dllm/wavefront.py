@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 CONVERGED, READY = 1, 2  # a row's flags after its step (RowStorage.flag), a gate's bits
+# (kernels/readout.py writes a row's flags as converged | ready << 1: these very bits)
 
 
 @dataclass(frozen=True)

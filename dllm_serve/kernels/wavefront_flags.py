@@ -1,5 +1,5 @@
-"""The wavefront's per-step flags in one launch (dllm/denoise_step.py; oracle
-`dllm.wavefront.wavefront_flags_torch`).
+"""The wavefront's per-step flags and its gates, one launch each (dllm/denoise_step.py; oracles
+`dllm.wavefront.wavefront_flags_torch` and `dllm.wavefront.open_gates`).
 
 For N block rows of K tokens after a step (ids), before it (before) and the step's confidences:
 
@@ -13,7 +13,11 @@ row reduction, the (N, N) request / position comparisons, the readiness sums, di
 threshold), ~25-30 us of a built-in-model forward of ~0.28 ms on an H200: what W = 2 cost per
 forward over W = 1 even where it never spawned. Each program takes ROWS rows and walks every
 row's change flag in BLOCK_J chunks (N x K loads a program; N is a few hundred at most).
-Graph-capturable: shapes only, no host sync.
+
+`open_gates_fused`: before a step with gated rows, which rows still wait for their predecessor
+(`dllm.wavefront.open_gates`: the (N, N) predecessor match and the gate test, about ten launches
+with torch), the opened rows' gates cleared in place. Graph-capturable: shapes only, no host
+sync.
 """
 
 from __future__ import annotations
@@ -79,3 +83,43 @@ def _flags_kernel(Ids, Before, Conf, RowReq, RowStart, Changed, Ready, n, mask_i
                    & changed_j[None, :] & j_live[None, :])  # (ROWS, BLOCK_J)
         hit = tl.maximum(hit, tl.max(earlier.to(tl.int32), 1))
     tl.store(Changed + i, hit.to(tl.uint8), mask=live)
+
+
+def open_gates_fused(gate: torch.Tensor, flag: torch.Tensor, row_req: torch.Tensor,
+                     row_start: torch.Tensor, block_size: int) -> torch.Tensor:
+    """`dllm.wavefront.open_gates` in one launch: gate / flag (N,) int64, any stride (gate
+    cleared in place where the row opens), row_req / row_start (N,) -> waiting (N,) bool."""
+    check_device(gate, "open_gates_fused")
+    n = gate.shape[0]
+    waiting = torch.empty(n, dtype=torch.uint8, device=gate.device)
+    if n:
+        rows = 16 if interpreted() else min(next_pow2(n), 16)
+        _gates_kernel[(cdiv(n, rows),)](gate, flag, row_req.contiguous(), row_start.contiguous(),
+                                        waiting, n, block_size, gate.stride(0), flag.stride(0),
+                                        ROWS=rows, BLOCK_J=BLOCK_J, num_warps=4)
+    return waiting.view(torch.bool)
+
+
+@triton.jit
+def _gates_kernel(Gate, Flag, RowReq, RowStart, Waiting, n, block_size, gate_stride,
+                  flag_stride, ROWS: tl.constexpr, BLOCK_J: tl.constexpr):
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = i < n
+    gate = tl.load(Gate + i * gate_stride, mask=live, other=0)
+    req = tl.load(RowReq + i, mask=live, other=-1)
+    want = tl.load(RowStart + i, mask=live, other=0) - block_size  # the predecessor's start
+    has_pred = tl.zeros([ROWS], tl.int32)
+    hit = tl.zeros([ROWS], tl.int32)
+    for j0 in range(0, n, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        j_live = j < n
+        pred = ((req[:, None] == tl.load(RowReq + j, mask=j_live, other=-1)[None, :])
+                & (tl.load(RowStart + j, mask=j_live, other=0)[None, :] == want[:, None])
+                & j_live[None, :])  # (ROWS, BLOCK_J): j is the block before i
+        opens = (tl.load(Flag + j * flag_stride, mask=j_live, other=0)[None, :]
+                 & gate[:, None]) != 0
+        has_pred = tl.maximum(has_pred, tl.max(pred.to(tl.int32), 1))
+        hit = tl.maximum(hit, tl.max((pred & opens).to(tl.int32), 1))
+    waiting = (gate != 0) & (has_pred > 0) & (hit == 0)
+    tl.store(Waiting + i, waiting.to(tl.uint8), mask=live)
+    tl.store(Gate + i * gate_stride, gate * waiting.to(gate.dtype), mask=live)
