@@ -26,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
+from dllm_serve.kernels.runtime import cdiv, check_device, next_pow2
 
-BLOCK_J = 32  # rows whose change flags one inner step reads
+ROWS = 16  # rows a program decides (fewer when the batch has fewer)
+BLOCK_J = 32  # rows whose change flags / flags one inner step reads
 
 
 def wavefront_flags(ids: torch.Tensor, before: torch.Tensor, confidence: torch.Tensor,
@@ -41,7 +42,7 @@ def wavefront_flags(ids: torch.Tensor, before: torch.Tensor, confidence: torch.T
     changed = torch.empty(n, dtype=torch.uint8, device=ids.device)
     ready = torch.empty(n, dtype=torch.uint8, device=ids.device)
     if n:
-        rows = 16 if interpreted() else min(next_pow2(n), 16)
+        rows = min(next_pow2(n), ROWS)
         _flags_kernel[(cdiv(n, rows),)](
             ids.contiguous(), before.contiguous(), confidence.contiguous(),
             row_req.contiguous(), row_start.contiguous(), changed, ready, n, mask_id,
@@ -93,7 +94,7 @@ def open_gates_fused(gate: torch.Tensor, flag: torch.Tensor, row_req: torch.Tens
     n = gate.shape[0]
     waiting = torch.empty(n, dtype=torch.uint8, device=gate.device)
     if n:
-        rows = 16 if interpreted() else min(next_pow2(n), 16)
+        rows = min(next_pow2(n), ROWS)
         _gates_kernel[(cdiv(n, rows),)](gate, flag, row_req.contiguous(), row_start.contiguous(),
                                         waiting, n, block_size, gate.stride(0), flag.stride(0),
                                         ROWS=rows, BLOCK_J=BLOCK_J, num_warps=4)
