@@ -20,6 +20,11 @@ that hold whole steps (the engine's pages are blocks) a step looks its page up o
 at LLaDA2.0-mini's heads (benchmarks/attention_tune.py, K/V rotated past the L2 cache): B=64
 64.7 / 221 us a layer at prefix ~1k / ~4k against 71.9 / 248 with a masked lookup per key,
 B=16 28.1 / 67.5 against 29.5 / 75.0 (results/h200/gpupath/attention_tune_unmasked_bf3d949.json).
+Each step looks its next step's page up before loading its own K/V (`_attend`): with the lookup
+feeding the same step's loads the compiler kept one step's K/V copies in flight, now two. Served
+launches at ~1k / ~4k against the step before: B=16 25.4 / 56.1 us against 28.2 / 67.8, B=32 36.4
+/ 101.4 against 44.0 / 118.1, B=64 54.0 / 199.1 against 64.7 / 221.3
+(results/h200/gpupath/attention_tune_prefetch.json).
 """
 
 from __future__ import annotations
@@ -222,31 +227,31 @@ def _tile_rows(Tiles, SegReq, tile, G: tl.constexpr, TQ: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _key_slots(PageTable, req, start, kpos, kin, stride_pt, PAGE: tl.constexpr,
+def _key_slots(PageTable, req, start, hi, stride_pt, PAGE: tl.constexpr,
                BLOCK_N: tl.constexpr):
-    """Cache rows (BLOCK_N,) int64 of keys kpos = start + arange(BLOCK_N), start a multiple of
-    BLOCK_N. When a page holds whole steps (PAGE a multiple of BLOCK_N: the engine's pages are
-    blocks, 32 keys in LLaDA2) the step's keys are consecutive rows of one page: one scalar
-    lookup instead of one per key."""
+    """Cache rows (BLOCK_N,) int64 of keys start + arange(BLOCK_N), start a multiple of
+    BLOCK_N; the page lookups are masked past `hi` (a step past the range: rows unused). When a
+    page holds whole steps (PAGE a multiple of BLOCK_N: the engine's pages are blocks, 32 keys
+    in LLaDA2) the step's keys are consecutive rows of one page: one scalar lookup instead of
+    one per key."""
+    kpos = start + tl.arange(0, BLOCK_N)
     if PAGE % BLOCK_N == 0:
-        page = tl.load(PageTable + req * stride_pt + start // PAGE).to(tl.int64)
-        return page * PAGE + start % PAGE + tl.arange(0, BLOCK_N)
+        page = tl.load(PageTable + req * stride_pt + start // PAGE, mask=start < hi, other=0)
+        return page.to(tl.int64) * PAGE + start % PAGE + tl.arange(0, BLOCK_N)
     else:
-        page = tl.load(PageTable + req * stride_pt + kpos // PAGE, mask=kin, other=0)
+        page = tl.load(PageTable + req * stride_pt + kpos // PAGE, mask=kpos < hi, other=0)
         return page.to(tl.int64) * PAGE + kpos % PAGE
 
 
 @triton.jit
-def _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc, stride_kt, stride_kh,
-          stride_vt, stride_vh, stride_pt, scale_log2, PAGE: tl.constexpr,
-          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-          MASKED: tl.constexpr, DOT_F32: tl.constexpr):
-    """One online-softmax step over keys [start, start + BLOCK_N). Unless MASKED every key of
-    the step is below hi and below every valid row's limit: no key mask, and scores are finite
-    (the tile's padding rows have q = 0)."""
+def _step(q, K, V, slot, kvh, start, hi, limit, m, l_sum, acc, stride_kt, stride_kh,
+          stride_vt, stride_vh, scale_log2, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr):
+    """One online-softmax step over keys [start, start + BLOCK_N), whose cache rows are `slot`
+    (BLOCK_N,). Unless MASKED every key of the step is below hi and below every valid row's
+    limit: no key mask, and scores are finite (the tile's padding rows have q = 0)."""
     kpos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     kin = kpos < hi
-    slot = _key_slots(PageTable, req, start, kpos, kin, stride_pt, PAGE, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     if MASKED:
         kv_mask = kin[:, None] & (d[None, :] < HEAD_DIM)
@@ -280,19 +285,27 @@ def _attend(q, K, V, PageTable, req, kvh, lo, hi, limit, seen_by_all, stride_kt,
     """Online softmax of q against keys [lo, hi) -> (row max, row sum, unnormalised out).
     The whole steps below `seen_by_all` (keys every valid row sees: a denoise block's prefix
     and the block itself) run without the mask; the rest (a prefill tile's own blocks, the
-    last partial step) with it."""
+    last partial step) with it. Each step looks up the next step's pages before it loads its
+    own K/V (`slot` is carried): no load in a step's K/V addresses comes from that step, so the
+    compiler keeps several steps' K/V copies in flight (num_stages) instead of one, which is
+    what a page lookup feeding the same step's loads allowed."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     mid = lo + tl.maximum(tl.minimum(seen_by_all, hi) - lo, 0) // BLOCK_N * BLOCK_N
+    slot = _key_slots(PageTable, req, lo, hi, stride_pt, PAGE, BLOCK_N)
     for start in range(lo, mid, BLOCK_N):
-        m, l_sum, acc = _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc,
-                              stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-                              scale_log2, PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
+        here = slot
+        slot = _key_slots(PageTable, req, start + BLOCK_N, hi, stride_pt, PAGE, BLOCK_N)
+        m, l_sum, acc = _step(q, K, V, here, kvh, start, hi, limit, m, l_sum, acc, stride_kt,
+                              stride_kh, stride_vt, stride_vh, scale_log2, HEAD_DIM, BLOCK_N,
+                              BLOCK_D, False, DOT_F32)
     for start in range(mid, hi, BLOCK_N):
-        m, l_sum, acc = _step(q, K, V, PageTable, req, kvh, start, hi, limit, m, l_sum, acc,
-                              stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-                              scale_log2, PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_F32)
+        here = slot
+        slot = _key_slots(PageTable, req, start + BLOCK_N, hi, stride_pt, PAGE, BLOCK_N)
+        m, l_sum, acc = _step(q, K, V, here, kvh, start, hi, limit, m, l_sum, acc, stride_kt,
+                              stride_kh, stride_vt, stride_vh, scale_log2, HEAD_DIM, BLOCK_N,
+                              BLOCK_D, True, DOT_F32)
     return m, l_sum, acc
 
 
