@@ -86,11 +86,11 @@ class MetaRunner(FakeRunner):
 
 
 def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
-           mean_forwards: float = 12.0) -> LocalEngine:
+           mean_forwards: float = 12.0, radix: bool = False) -> LocalEngine:
     pages = running * 16
     cfg = SchedulerConfig(block_size=K, mask_id=MASK, fdfo=fdfo, max_running_requests=running,
                           max_queued_requests=None, chunked_prefill_size=4096, num_pages=pages,
-                          page_size=K, wavefront_size=wavefront, radix_cache=False)
+                          page_size=K, wavefront_size=wavefront, radix_cache=radix)
     algo = ScheduledDenoise(ScheduledConfig(mean=mean_forwards), K, MASK)
     runner = MetaRunner(pages, K, running, wavefront)
     # W > 1: every masked position counts as ready, so each frontier spawns at once (the
@@ -102,8 +102,9 @@ def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
 
 
 def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
-           seed: int, wavefront: int = 1, mean_forwards: float = 12.0) -> LocalEngine:
-    e = engine(running, fdfo, depth, wavefront, mean_forwards)
+           seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
+           radix: bool = False) -> LocalEngine:
+    e = engine(running, fdfo, depth, wavefront, mean_forwards, radix)
     rng = np.random.default_rng(seed)
     for i in range(running * per_slot):
         prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
@@ -161,8 +162,10 @@ def op_counts(*args: Any) -> dict[str, float]:
 
 
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
-            seed: int, wavefront: int = 1, mean_forwards: float = 12.0) -> dict[str, Any]:
-    e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards)
+            seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
+            radix: bool = False) -> dict[str, Any]:
+    e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards,
+               radix)
     worker_s = sched_s = step_s = 0.0
     iterate, trace = e.worker.iterate, e.worker._trace
 
@@ -238,7 +241,7 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     """One setting measured (under cProfile with --profile), its torch ops counted with
     --count-ops, printed."""
     args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed,
-            ns.wavefront, ns.mean_forwards)
+            ns.wavefront, ns.mean_forwards, ns.radix_cache)
     if ns.profile:
         import cProfile
 
@@ -271,6 +274,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="W: most active blocks per request (W > 1: every frontier spawns)")
     ap.add_argument("--mean-forwards", type=float, default=12.0,
                     help="mean forwards per block (lognormal, clamped to 2..32)")
+    ap.add_argument("--radix-cache", action="store_true",
+                    help="the scheduler with the radix prefix cache on (as served by default)")
     ap.add_argument("--prompts-per-slot", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)

@@ -236,16 +236,18 @@ class Scheduler:
     # ---- results ----------------------------------------------------------------------------
 
     def _retired(self, r: Retired) -> None:
-        for i in range(len(r)):
-            req = self.running.get(int(r.uids[i]))
+        cols = zip(r.uids.tolist(), r.starts.tolist(), r.forwards.tolist(), r.edits.tolist(),
+                   r.req_forwards.tolist(), strict=True)  # Python ints, not numpy scalars
+        for i, (uid, start, forwards, edits, req_forwards) in enumerate(cols):
+            req = self.running.get(uid)
             if req is None:
                 continue  # finished meanwhile (stop string, abort): a late report
-            if int(r.starts[i]) != req.committed_len:
-                raise RuntimeError(f"worker retired block {int(r.starts[i])} of {req.rid!r}, "
+            if start != req.committed_len:
+                raise RuntimeError(f"worker retired block {start} of {req.rid!r}, "
                                    f"expected {req.committed_len}")
-            req.block_forwards.append(int(r.forwards[i]))
-            req.block_edits.append(int(r.edits[i]))
-            req.denoise_steps = int(r.req_forwards[i])
+            req.block_forwards.append(forwards)
+            req.block_edits.append(edits)
+            req.denoise_steps = req_forwards
             req.forward_steps = req.prefill_forwards + req.denoise_steps
             self._commit(req, r.ids[i])
             if not req.finished:

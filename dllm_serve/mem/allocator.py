@@ -168,14 +168,22 @@ class KVAllocator:
         self._drop(pages)
 
     def _drop(self, pages: list[int]) -> None:
-        """Drop one reference to each page; free those left unreferenced."""
+        """Drop one reference to each page (in order; a page may appear more than once);
+        free those left unreferenced. A page with no reference left to drop raises. Pages are
+        few per call (one replaced cache page, a request's table): a loop over numpy scalars
+        beats building an index array for np.subtract.at."""
         if not pages:
             return
-        arr = np.asarray(pages, dtype=np.int64)
-        if (self.refs[arr] <= 0).any():
-            raise RuntimeError(f"KV page reference dropped below 0: {sorted(pages)}")
-        np.subtract.at(self.refs, arr, 1)
-        self.pages.free(sorted({p for p in pages if self.refs[p] == 0}))
+        refs, freed = self.refs, []
+        for p in pages:
+            n = int(refs[p])
+            if n <= 0:
+                raise RuntimeError(f"KV page reference dropped below 0: page {p} of "
+                                   f"{sorted(pages)}")
+            refs[p] = n - 1
+            if n == 1:
+                freed.append(p)
+        self.pages.free(sorted(freed))
 
     # ---- introspection --------------------------------------------------------------------
 

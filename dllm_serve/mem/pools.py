@@ -6,13 +6,15 @@ import numpy as np
 
 
 class IdPool:
-    """Ids 0..size-1. alloc takes the lowest free ids first; freeing an id not in use raises."""
+    """Ids 0..size-1. alloc takes the lowest free ids first; freeing an id not in use raises.
+    The in-use flags are a bytearray: an admission or a release touches a few ids, where a
+    Python loop over bytes costs less than numpy's per-call overhead."""
 
     def __init__(self, size: int, kind: str) -> None:
         self.size = size
         self.kind = kind
         self._free: list[int] = list(range(size - 1, -1, -1))  # pop() yields 0, 1, 2, ...
-        self._in_use = np.zeros(size, dtype=bool)
+        self._in_use = bytearray(size)
 
     @property
     def num_free(self) -> int:
@@ -22,20 +24,22 @@ class IdPool:
         if n > len(self._free):
             raise MemoryError(f"out of {self.kind}s: asked for {n}, {len(self._free)} free")
         ids = [self._free.pop() for _ in range(n)]
-        self._in_use[ids] = True
+        for i in ids:
+            self._in_use[i] = 1
         return ids
 
     def free(self, ids: list[int]) -> None:
         if not ids:
             return
-        arr = np.asarray(ids)
-        if len(set(ids)) != len(ids) or not self._in_use[arr].all():
+        used = self._in_use
+        if len(set(ids)) != len(ids) or not all(used[i] for i in ids):
             raise RuntimeError(f"double free of {self.kind}(s) {sorted(ids)}")
-        self._in_use[arr] = False
+        for i in ids:
+            used[i] = 0
         self._free.extend(ids)
 
     def in_use(self) -> set[int]:
-        return set(np.flatnonzero(self._in_use).tolist())
+        return set(np.flatnonzero(np.frombuffer(self._in_use, dtype=np.uint8)).tolist())
 
     def check(self, owned: list[list[int]]) -> None:
         """Every id in use is owned exactly once, and free + used == size."""
