@@ -70,6 +70,11 @@ class ServerArgs:
         "GPU opens it in the first step after its frontier is ready (no round trip through the "
         "host: fewer forwards per request, more rows per forward). Off: the host opens it once "
         "it has read the readiness back.", boolean=True)
+    dllm_gate_arm_forwards: float = _f(
+        6.0, "With --dllm-gated-spawn or --dllm-standby: place blocks ahead only while the "
+        "blocks retired lately took at most this many forwards on average (a waiting row costs "
+        "a row of every forward it waits and saves one forward); past it blocks open as without "
+        "gating. inf: always.")
     dllm_standby: bool = _f(
         False, "Block by block (--dllm-wavefront-size 1) with FDFO: each request's next block "
         "waits in a row of its own and the GPU starts it in its predecessor's final forward "

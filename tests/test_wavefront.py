@@ -156,12 +156,38 @@ def test_frontier_opens_next_block_before_it_is_done_and_blocks_retire_in_order(
 def test_gated_spawn_opens_the_next_block_on_the_device() -> None:
     """Gated spawning: block 2 waits in f1 (its frontier not yet ready), opens in f2 (block 0
     was ready after step 1): a forward before the host could open it. Its forwards count from
-    there; the request takes 8 forwards instead of 9."""
+    there. Where no block waits ahead the host still opens one on a readiness it read back: the
+    request takes 7 forwards instead of 9, each block its 3."""
     runner, retired = scripted_run(WavefrontConfig(size=2, spawn_threshold=0.6,
-                                                   token_threshold=0.9, gated=True), 8)
-    assert [len(layout) for layout in runner.layouts] == [2, 2, 2, 2, 1, 2, 1, 1]
+                                                   token_threshold=0.9, gated=True), 7)
+    assert [len(layout) for layout in runner.layouts] == [2, 2, 2, 2, 2, 2, 1]
     assert [s for s, _, _ in retired] == [0, 2, 4, 6]
     assert all(f == 3 and ids == [1, 2] for _, f, ids in retired)
+
+
+@pytest.mark.parametrize("size,standby,forwards,rows", [
+    (2, False, 8, [2, 2, 2, 2, 1, 2, 1, 1]),
+    (1, True, 11, [2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]),
+])
+def test_gated_placement_disarms_when_blocks_take_more_forwards(
+        size: int, standby: bool, forwards: int, rows: list[int]) -> None:
+    """arm_forwards 0: armed at the start (no block retired yet), so the first block's successor
+    waits ahead; once a block retired (3 forwards) the flow stops placing blocks ahead and opens
+    them as without gating: on readiness read back (W = 2), after the retirement (W = 1)."""
+    runner, retired = scripted_run(WavefrontConfig(
+        size=size, spawn_threshold=0.6, token_threshold=0.9, gated=size > 1, standby=standby,
+        arm_forwards=0.0), forwards)
+    assert [len(layout) for layout in runner.layouts] == rows
+    assert [s for s, _, _ in retired] == [0, 2, 4, 6]
+    assert all(f == 3 and ids == [1, 2] for _, f, ids in retired)
+
+
+def test_arm_forwards_must_be_a_number_at_least_zero() -> None:
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="arm-forwards"):
+            WavefrontConfig(size=2, gated=True, arm_forwards=bad)
+    assert WavefrontConfig(size=2, gated=True, arm_forwards=float("inf")).arm_forwards == float(
+        "inf")
 
 
 def test_standby_starts_the_next_block_in_its_predecessors_final_forward() -> None:

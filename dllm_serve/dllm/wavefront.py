@@ -15,7 +15,11 @@ a row of its own, *gated* on its predecessor, and the device opens it in the fir
 predecessor reported one of the gate's flags (`open_gates`: ready or converged with W > 1; with W =
 1, converged: the successor runs in its predecessor's final forward, which stores the final K/V
 before any attention). Until then every step leaves the row as it entered (all masks, fresh state)
-and reports it `gated`; the readout tells the host when it opened.
+and reports it `gated`; the readout tells the host when it opened. A waiting row costs a row of
+every forward it waits through and saves its request one forward (the host's lag), so placing ahead
+pays only where blocks are short: the worker places blocks ahead while the blocks it retired lately
+took at most `arm_forwards` forwards on average (managers/block_flow.py), and otherwise opens them
+as without gating (W > 1: on the frontier's readiness read back; W = 1: after the retirement).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class WavefrontConfig:
     lockstep: bool = False  # baseline: every request spawns and retires together
     gated: bool = False  # W > 1: the next block waits in a row, opened on the device
     standby: bool = False  # FDFO, W = 1: the same (the successor waits for convergence)
+    # gated / standby: place blocks ahead only while recent blocks averaged at most this many
+    # forwards (inf: always)
+    arm_forwards: float = 6.0
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -46,6 +53,9 @@ class WavefrontConfig:
         tau = self.token_threshold
         if tau is not None and not 0.0 <= tau <= 1.0:
             raise ValueError(f"--dllm-spawn-token-threshold must be in [0, 1], got {tau}")
+        if not self.arm_forwards >= 0.0:  # NaN fails too
+            raise ValueError(f"--dllm-gate-arm-forwards must be >= 0 (inf: always), got "
+                             f"{self.arm_forwards}")
 
 
 def readiness(masked: torch.Tensor, confidence: torch.Tensor, tau: float) -> torch.Tensor:

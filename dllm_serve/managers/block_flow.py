@@ -10,10 +10,14 @@ not mapped yet). Retired blocks go to the report (`ReportBuilder`);
 a request whose block holds a stop token or reaches its max_end is dropped (the scheduler
 finishes it on the report).
 
-Gated mode (`RoundMode.gate`: W > 1, or W = 1 with standby and FDFO): the host never spawns
-on readiness; whenever a request's window has room behind an open frontier (and the pages are
-mapped), it places the next block there at once, gated, and the device opens it
-(dllm/wavefront.py). A request holds at most one gated block, its last.
+Gated mode (`RoundMode.gate`: W > 1, or W = 1 with standby and FDFO): while *armed*, whenever a
+request's window has room behind an open frontier (and the pages are mapped), the host places the
+next block there at once, gated, and the device opens it (dllm/wavefront.py). A request holds at
+most one gated block, its last; a frontier with a gated block behind it never spawns on the host
+(the gated block fills the window, and its readiness reads 0 while it waits). Armed: the retired
+blocks' forwards, averaged with weight ARM_WEIGHT each, are at most `arm_forwards` (it starts
+at 0: armed). Disarmed, blocks open as without gating: a waiting row costs a row of every forward
+it waits, which blocks of many forwards pay for many times over the one forward it saves.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from dllm_serve.managers.batch_layout import Block, DeviceReq
 from dllm_serve.managers.resident_batch import ResidentBatch
 from dllm_serve.managers.worker_report import ReportBuilder
 
+ARM_WEIGHT = 1 / 16  # a retired block's weight in the average that arms gated placement
+
 
 class BlockFlow:
     def __init__(self, batch: ResidentBatch, report: ReportBuilder, mode: RoundMode,
@@ -36,6 +42,8 @@ class BlockFlow:
         self.batch, self.report, self.mode, self.k = batch, report, mode, block_size
         self.max_requests = max_requests
         self.gate = mode.gate  # gated mode: the flags a placed block waits for (0: off)
+        self.arm_forwards = mode.wavefront.arm_forwards  # inf: always armed
+        self.block_forwards = 0.0  # retired blocks' forwards, a moving average
         self.window = mode.rows_per_request  # most blocks a request holds, a gated one too
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
@@ -92,7 +100,7 @@ class BlockFlow:
             active = [r for r in self.batch.reqs.values() if r.blocks]
             done = bool(active) and all(r.blocks[0].converged for r in active)
             cands = active if done else [r for r in active if r.blocks[-1].ready
-                                         or (self.gate != 0 and self._has_room(r))]
+                                         or (self.placing and self._has_room(r))]
         if not cands:
             self.flagged.clear()
             self.boundary |= not any_active
@@ -144,6 +152,7 @@ class BlockFlow:
         for block in self.batch.retire(req, count):
             self.report.msg.idle_block_steps += (self.batch.steps(block) - block.waited
                                                  - block.final_step)
+            self.block_forwards += ARM_WEIGHT * (block.final_step - self.block_forwards)
             self.report.retire(req.uid, block, forwards)
             if self._stops(req, block):
                 self.batch.drop(req)
@@ -162,10 +171,15 @@ class BlockFlow:
         gen = block.ids[max(0, s.prompt_len - block.start):]
         return not req.stops.isdisjoint(gen.tolist())  # (a set: 4x numpy's compare here)
 
+    @property
+    def placing(self) -> bool:
+        """Gated mode and armed: blocks are placed ahead."""
+        return self.gate != 0 and self.block_forwards <= self.arm_forwards
+
     def _place(self, req: DeviceReq) -> None:
-        """Gated mode: place the request's next block behind its open frontier, gated, if its
-        window has room and the block fits."""
-        if self.gate and req.alive and self._has_room(req) and self._can_open(req):
+        """Gated mode, armed: place the request's next block behind its open frontier, gated,
+        if its window has room and the block fits."""
+        if self.placing and req.alive and self._has_room(req) and self._can_open(req):
             self.batch.open_block(req, self.gate)
 
     def _has_room(self, req: DeviceReq) -> bool:
@@ -174,7 +188,7 @@ class BlockFlow:
     def _candidate(self, req: DeviceReq) -> bool:
         """Something can happen to the request in advance: its leftmost block converged or its
         frontier is ready, or (gated) a block may be placed behind its frontier."""
-        return _candidate(req) or (self.gate != 0 and self._has_room(req))
+        return _candidate(req) or (self.placing and self._has_room(req))
 
     def _can_open(self, req: DeviceReq) -> bool:
         end = req.next_start + self.k

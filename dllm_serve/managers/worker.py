@@ -314,9 +314,9 @@ class Worker:
             notable |= converged  # the readout that finds it converged: none known converged
         else:  # blocks stay converged (sync waits for the batch, a wavefront retires in order)
             notable |= converged != np.fromiter((b.converged for b in rows), bool, n)
-            if self.spec.wavefront and not self.gate:  # the host spawns on readiness (measured
-                notable |= (data[:, k + READY] > 0) != np.fromiter(  # there only, else 0)
-                    (b.ready for b in rows), bool, n)
+            if self.spec.wavefront:  # the host spawns on readiness (gated: where it placed no
+                notable |= (data[:, k + READY] > 0) != np.fromiter(  # block ahead; measured
+                    (b.ready for b in rows), bool, n)  # with W > 1 only, else 0)
         if self.gate:  # gated rows the device opened
             notable |= (data[:, k + GATED] > 0) != np.fromiter((b.gate > 0 for b in rows), bool, n)
         return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
@@ -333,7 +333,7 @@ class Worker:
             block.final_step = steps + 1
             block.ids, block.edits = row[:k].copy(), int(row[k + EDITS])
         block.converged = converged
-        block.ready = bool(row[k + READY]) and not self.gate  # gated: the device spawns
+        block.ready = bool(row[k + READY])  # a waiting (gated) row reads 0
         if (converged or block.ready) and self.mode.fdfo:
             self.flow.flag(req)
         if row[k + BAD]:
