@@ -187,6 +187,9 @@ class ServerArgs:
         tau = self.dllm_spawn_token_threshold
         _check(tau is None or 0.0 <= tau <= 1.0,
                f"--dllm-spawn-token-threshold must be in [0, 1], got {tau}")
+        _check(self.dllm_gate_arm_forwards >= 0.0,  # NaN fails too
+               f"--dllm-gate-arm-forwards must be >= 0 (inf: always), got "
+               f"{self.dllm_gate_arm_forwards}")
         _check(not (self.dllm_wavefront_lockstep and self.dllm_fdfo),
                "--dllm-wavefront-lockstep advances all requests together; use it with "
                "--no-dllm-fdfo")

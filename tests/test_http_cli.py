@@ -31,6 +31,8 @@ def test_help_lists_every_flag() -> None:
     (["--mem-fraction-static", "1.5"], "--mem-fraction-static"),
     (["--device", "tpu"], "invalid choice"),
     (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
+    (["--dllm-gate-arm-forwards", "-1"], "--dllm-gate-arm-forwards"),
+    (["--dllm-gate-arm-forwards", "nan"], "--dllm-gate-arm-forwards"),
     (["--dllm-algorithm", "Nope"], "LowConfidence"),
     (["--dllm-algorithm-config", "/no/such.yaml"], "no such file"),
     (["--model-path", "/no/such/model"], "--model-path"),
