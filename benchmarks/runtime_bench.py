@@ -102,15 +102,18 @@ def suites(ns: argparse.Namespace) -> dict[str, Suite]:
 
 
 def wavefront_settings(concurrency: list[int]) -> list[Setting]:
-    """W = 2 (the host spawns, the default), W = 2 with gated spawning, W = 1 with standby."""
+    """W = 2 as served by default (gated spawning on CUDA, host spawning on the CPU), W = 2
+    with host spawning, W = 2 with gated spawning, W = 1 with standby."""
     return [Setting("fdfo-w2", {"dllm_fdfo": True, "dllm_wavefront_size": 2}, concurrency),
+            Setting("fdfo-w2-host", {"dllm_fdfo": True, "dllm_wavefront_size": 2,
+                                     "dllm_gated_spawn": False}, concurrency),
             Setting("fdfo-w2-gated", {"dllm_fdfo": True, "dllm_wavefront_size": 2,
                                       "dllm_gated_spawn": True}, concurrency),
             Setting("fdfo-standby", {"dllm_fdfo": True, "dllm_wavefront_size": 1,
                                      "dllm_standby": True}, concurrency)]
 
 
-SETTING_NAMES = ["fdfo", "sync", "fdfo-w2", "fdfo-w2-gated", "fdfo-standby"]
+SETTING_NAMES = ["fdfo", "sync", "fdfo-w2", "fdfo-w2-host", "fdfo-w2-gated", "fdfo-standby"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -289,8 +292,9 @@ def print_row(r: dict[str, Any]) -> None:
 
 
 RATIOS = {"fdfo_over_sync": ("fdfo", "sync"), "w2_over_w1": ("fdfo-w2", "fdfo"),
+          "w2_host_over_w1": ("fdfo-w2-host", "fdfo"),
           "w2_gated_over_w1": ("fdfo-w2-gated", "fdfo"),
-          "w2_gated_over_host": ("fdfo-w2-gated", "fdfo-w2"),
+          "w2_gated_over_host": ("fdfo-w2-gated", "fdfo-w2-host"),
           "standby_over_w1": ("fdfo-standby", "fdfo")}
 
 

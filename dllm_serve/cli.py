@@ -77,9 +77,11 @@ def flags_markdown() -> str:
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
+        shown = _shown(f.default)
         if f.metadata.get("boolean"):
             flag += " / --no-" + f.name.replace("_", "-")
-        rows.append(f"| `{flag}` | `{_shown(f.default)}` | {f.metadata['help']} |")
+            shown = "auto" if f.default is None else shown  # resolved at startup
+        rows.append(f"| `{flag}` | `{shown}` | {f.metadata['help']} |")
     return "\n".join(rows)
 
 

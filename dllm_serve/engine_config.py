@@ -71,7 +71,7 @@ class EngineConfig:
         a = self.args
         return RoundMode(fdfo=a.dllm_fdfo, wavefront=WavefrontConfig(
             a.dllm_wavefront_size, a.dllm_spawn_threshold, a.dllm_spawn_token_threshold,
-            a.dllm_wavefront_lockstep, a.dllm_gated_spawn, a.dllm_standby,
+            a.dllm_wavefront_lockstep, a.resolved_gated_spawn, a.dllm_standby,
             a.dllm_gate_arm_forwards))
 
     def worker(self) -> WorkerConfig:

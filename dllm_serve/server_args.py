@@ -65,11 +65,13 @@ class ServerArgs:
     dllm_spawn_token_threshold: float | None = _f(
         None, "Wavefront: confidence a masked position needs to count as ready "
         "(default: the algorithm's threshold).")
-    dllm_gated_spawn: bool = _f(
-        False, "Wavefront: the next block waits ahead in the batch, in a row of its own, and the "
+    dllm_gated_spawn: bool | None = _f(
+        None, "Wavefront: the next block waits ahead in the batch, in a row of its own, and the "
         "GPU opens it in the first step after its frontier is ready (no round trip through the "
         "host: fewer forwards per request, more rows per forward). Off: the host opens it once "
-        "it has read the readiness back.", boolean=True)
+        "it has read the readiness back. Default: on on CUDA (the host reads each step back a "
+        "forward or two after launching the next), off on the CPU (it reads each step before "
+        "the next: a block placed ahead would only cost rows).", boolean=True)
     dllm_gate_arm_forwards: float = _f(
         6.0, "With --dllm-gated-spawn or --dllm-standby: place blocks ahead only while the "
         "blocks retired lately took at most this many forwards on average (a waiting row costs "
@@ -207,6 +209,13 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_gated_spawn(self) -> bool:
+        """--dllm-gated-spawn, resolved: on on CUDA unless set."""
+        if self.dllm_gated_spawn is not None:
+            return self.dllm_gated_spawn
+        return self.resolved_device == "cuda"
 
     @property
     def resolved_attention_backend(self) -> str:

@@ -172,7 +172,8 @@ class FakeRunner:
         self.log.append(("prefill", list(slots), list(seg_starts), [t.tolist() for t in token_ids]))
 
     def warm_up(self, ids: Any = None, step: Any = None, width: int = 0,
-                before: Any = None, rows: Any = None, replayed: Any = None) -> None:
+                before: Any = None, rows: Any = None, replayed: Any = None,
+                open_step: Any = None) -> None:
         self.before = before  # as the real runner: run first in every denoise forward
 
     def resident_run(self, n: int, block_ids: torch.Tensor) -> DenoiseRun | None:

@@ -50,12 +50,14 @@ def apply(e: LocalEngine, op: tuple, submitted: list[str]) -> None:
 
 def check(e: LocalEngine) -> None:
     """Pools whole (every page and slot owned once); the worker never holds more rows than its
-    storage, and only requests the scheduler admitted."""
+    storage, and only requests the scheduler admitted; its count of gated blocks is exact."""
     e.sched.check_integrity()
     assert e.worker.batch.num_rows <= e.worker.storage.capacity
     live = {uid for uid in e.sched.running} | {x.uid for x in e.sched.to_worker
                                                 if hasattr(x, "uid")}
     assert set(e.worker.batch.reqs) <= live | released(e)
+    batch = e.worker.batch  # its count of gated blocks (the step skips the gates at 0)
+    assert batch.gated == sum(b.gate != 0 for r in batch.reqs.values() for b in r.blocks)
     if e.worker.batch.num_rows:
         check_layout(e.worker.batch.layout())
     check_rows(e)

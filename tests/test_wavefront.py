@@ -15,6 +15,7 @@ from test_kv_exactness import reference_kv
 from dllm_serve.dllm.algorithms import DenoiseBatch
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
+from dllm_serve.dllm.denoise_step import StepSpec, denoise_step
 from dllm_serve.dllm.modes import RoundMode, plan
 from dllm_serve.dllm.wavefront import WavefrontConfig, earlier_block_changed, readiness
 from dllm_serve.managers.messages import AbortReq, AddPages, Admit, ReqSettings
@@ -107,7 +108,7 @@ class ScriptedLogits:
         pass
 
     def warm_up(self, ids: object, step: object, width: int, before, rows=None,  # type: ignore[no-untyped-def]
-                replayed=None) -> None:
+                replayed=None, open_step=None) -> None:
         self.before = before  # the worker's staged row writes, first in every forward
 
     def resident_run(self, n: int, block_ids: torch.Tensor) -> None:
@@ -180,6 +181,50 @@ def test_gated_placement_disarms_when_blocks_take_more_forwards(
     assert [len(layout) for layout in runner.layouts] == rows
     assert [s for s, _, _ in retired] == [0, 2, 4, 6]
     assert all(f == 3 and ids == [1, 2] for _, f, ids in retired)
+
+
+@pytest.mark.parametrize("size,standby,arm", [(2, False, 6.0), (2, False, 0.0), (1, True, 6.0)])
+def test_the_step_skips_the_gates_only_where_no_row_waits(
+        monkeypatch: pytest.MonkeyPatch, size: int, standby: bool, arm: float) -> None:
+    """The worker steps without the gates (`gates_open`: no gate test, nothing held) exactly
+    while no block placed gated is still unopened by the host's knowledge; whenever it does,
+    every row's gate on the device is 0 (the result is the gated step's)."""
+    import dllm_serve.managers.worker as worker_module
+
+    seen = []
+
+    def recording(algo, batch, logits, state, spec, isolate=True, gates_open=False):  # type: ignore[no-untyped-def]
+        assert batch.gates is not None  # gated storage
+        if gates_open:
+            assert (batch.gates[0] == 0).all()
+        seen.append(gates_open)
+        return denoise_step(algo, batch, logits, state, spec, isolate, gates_open)
+
+    monkeypatch.setattr(worker_module, "denoise_step", recording)
+    _, retired = scripted_run(WavefrontConfig(size=size, spawn_threshold=0.6, token_threshold=0.9,
+                                              gated=size > 1, standby=standby, arm_forwards=arm),
+                              9 if standby else 8)
+    assert [s for s, _, _ in retired] == [0, 2, 4, 6]
+    assert False in seen and True in seen  # gated steps while blocks waited ahead, open ones
+
+
+def test_an_open_step_equals_the_gated_step_when_no_row_waits() -> None:
+    """gates_open on a batch whose gates are all 0: the same readout, state and flags (the
+    flags the next gates read are still written)."""
+    algo = JointThreshold(JointThresholdConfig(), 2, M)
+    spec = StepSpec(True, 0.9, 0.6)
+    out = []
+    for gates_open in (False, True):
+        batch = make_batch([[M, M], [3, M], [M, M]], [1, 1, 1])
+        batch.gates = (torch.zeros(3, dtype=torch.int64), torch.full((3,), 7, dtype=torch.int64))
+        state = algo.init_step_state(batch.block_ids)
+        readout, failed = denoise_step(algo, batch, logits_for([[1, 2], [1, 2], [2, 1]], 0.95),
+                                       state, spec, gates_open=gates_open)
+        assert failed == []
+        out.append((readout, state, batch.gates[1]))
+    (a, sa, fa), (b, sb, fb) = out
+    assert torch.equal(a, b) and torch.equal(fa, fb) and (fa != 7).all()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_arm_forwards_must_be_a_number_at_least_zero() -> None:

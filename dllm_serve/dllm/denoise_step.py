@@ -51,14 +51,17 @@ class StepSpec:
 
 def denoise_step(algo: DllmAlgorithm, batch: DenoiseBatch, logits: Scores,
                  state: State | None, spec: StepSpec, isolate: bool = True,
-                 ) -> tuple[torch.Tensor, list[int]]:
+                 gates_open: bool = False) -> tuple[torch.Tensor, list[int]]:
     """logits (N * K, V) or a HeadInput -> (readout (N, K + 6) int64, requests whose step
     raised).
-    isolate=False (a step being captured in a CUDA graph): an exception propagates."""
+    isolate=False (a step being captured in a CUDA graph): an exception propagates.
+    gates_open: the caller knows no row of a batch with gates waits (every gate is 0): the
+    gates are not tested and nothing is held (the rows' flags are still written for the gates
+    placed later)."""
     ids = batch.block_ids
     before = ids.clone() if spec.wavefront or isolate else None  # (a graph's step: no restore)
     gates = open_gates_fused if ids.is_cuda else open_gates
-    waiting = None if batch.gates is None else gates(
+    waiting = None if batch.gates is None or gates_open else gates(
         *batch.gates, batch.row_req, batch.row_start, batch.block_size)  # (N,) bool
     saved = (None if state is None or not (isolate or waiting is not None)
              else {k: v.clone() for k, v in state.items()})

@@ -28,7 +28,8 @@ the batch counts its forwards in one counter (`launches`): a request's
 forwards are those it was in the layout for (`forwards`), folded into it when it leaves.
 The host keeps per block what it has read back (`Block.converged`, `ready`, `ids`, and for a
 block placed gated, `gate` until a readout says the device opened it: dllm/wavefront.py; a
-gated block holds a row like any other, its gate in the storage's `gate` column). The
+gated block holds a row like any other, its gate in the storage's `gate` column; `gated`
+counts the live ones: while it is 0 no row can wait, and the worker's step skips the gates). The
 records (`Block`, `DeviceReq`, `Layout`, `Columns`) are in managers/batch_layout.py.
 """
 
@@ -79,6 +80,7 @@ class ResidentBatch:
         self.gone: list[Block] = []
         self.admitted = 0  # requests added so far (DeviceReq.seq)
         self.sampling = 0  # requests in the layout that sample (temperature > 0)
+        self.gated = 0  # live blocks placed gated that no readout has shown open yet
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -93,6 +95,7 @@ class ResidentBatch:
         req.alive = False
         for block in req.blocks:
             block.alive = False
+            self.gated -= block.gate != 0
         self.gone += req.blocks
         if self.reqs.pop(req.uid, None) is not None:
             self.num_rows -= len(req.blocks)
@@ -102,15 +105,23 @@ class ResidentBatch:
         """Append an all-mask block at req.next_start (fresh state; its init_ids the batch's
         one read-only mask row), gated on its predecessor's flags `gate` (0: open)."""
         req.blocks.append(Block(req.next_start, init_ids=self.mask_row, gate=gate))
+        self.gated += gate != 0
         req.next_start += self.k
         self.num_rows += 1
         self._touch(req)
+
+    def opened(self, block: Block) -> None:
+        """A readout showed the gated block open (the device opened it in that step)."""
+        assert block.gate
+        block.gate = 0
+        self.gated -= 1
 
     def retire(self, req: DeviceReq, count: int) -> list[Block]:
         """Remove the request's `count` leading blocks (their final forward has run)."""
         gone, req.blocks = req.blocks[:count], req.blocks[count:]
         for block in gone:
             block.alive = False
+            self.gated -= block.gate != 0
         self.num_rows -= len(gone)
         if gone:
             self.gone += gone

@@ -32,6 +32,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -100,9 +101,12 @@ class Worker:
         self.storage = RowStorage(algo, rows, self.k, runner.device, runner.scratch_slot,
                                   gated=mode.gate != 0)
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
-        runner.warm_up(self.storage.ids, self._graph_step if algo.graph_safe else None,
+        graph_step = algo.graph_safe
+        runner.warm_up(self.storage.ids, self._graph_step if graph_step else None,
                        self.k + len(FLAGS), self.storage.apply_staged,
-                       (self.storage.row_req, self.storage.row_start), self.storage.replayed)
+                       (self.storage.row_req, self.storage.row_start), self.storage.replayed,
+                       open_step=partial(self._graph_step, gates_open=True)
+                       if graph_step and mode.gate else None)
         cuda = runner.device.type == "cuda"
         self.pacing = Pacing(depth, multi_step, cuda)
         self.readback = Readback(runner.device, buffers=self.pacing.most_in_flight)
@@ -258,12 +262,14 @@ class Worker:
         self.storage.flush()  # the layout's row writes: applied first thing in the forward
         assert self.run is not None
         run = self.run
+        gates_open = not self.batch.gated  # no row waits: the step skips the gates
         if run.step is not None and not layout.sampled:  # one graph: forward + step
-            readout, failed = self._trace("denoise", run.step, len(layout.rows)), []
+            step = run.open_step if gates_open and run.open_step is not None else run.step
+            readout, failed = self._trace("denoise", step, len(layout.rows)), []
         else:
             readout, failed = self._trace("denoise", lambda: denoise_step(
-                self.algo, layout.batch, run.forward(), layout.state, self.spec),
-                len(layout.rows))
+                self.algo, layout.batch, run.forward(), layout.state, self.spec,
+                gates_open=gates_open), len(layout.rows))
         layout.steps += 1
         self.batch.launched()
         self.report.msg.forwards += 1
@@ -317,14 +323,15 @@ class Worker:
             if self.spec.wavefront:  # the host spawns on readiness (gated: where it placed no
                 notable |= (data[:, k + READY] > 0) != np.fromiter(  # block ahead; measured
                     (b.ready for b in rows), bool, n)  # with W > 1 only, else 0)
-        if self.gate:  # gated rows the device opened
+        if self.batch.gated:  # gated rows the device opened (none while the host knows none)
             notable |= (data[:, k + GATED] > 0) != np.fromiter((b.gate > 0 for b in rows), bool, n)
         return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k
         if block.gate and not row[k + GATED]:  # the device opened it in this step
-            block.gate, block.waited = 0, steps - 1
+            self.batch.opened(block)
+            block.waited = steps - 1
             if self.mode.fdfo:
                 self.flow.flag(req)  # its request may place the next block behind it
         steps -= block.waited  # its own steps
@@ -346,11 +353,12 @@ class Worker:
     def _trace(self, kind: str, fn, rows: int = 0):  # type: ignore[no-untyped-def]
         return fn() if self.tracer is None else self.tracer.run(kind, fn, rows)
 
-    def _graph_step(self, bucket: int, logits: Scores) -> torch.Tensor:
-        """The greedy step over storage rows [0, bucket), as captured after the forward."""
+    def _graph_step(self, bucket: int, logits: Scores, gates_open: bool = False) -> torch.Tensor:
+        """The greedy step over storage rows [0, bucket), as captured after the forward
+        (gates_open: the gated storage's step for when no row waits)."""
         _, state = self.storage.views(bucket)
         readout, _ = denoise_step(self.algo, self.storage.graph_batch(bucket), logits, state,
-                                  self.spec, isolate=False)
+                                  self.spec, isolate=False, gates_open=gates_open)
         return readout
 
 

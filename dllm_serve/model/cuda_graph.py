@@ -39,13 +39,15 @@ WARMUP_RUNS = 2  # runs before a capture (compile, allocator, cuBLAS workspaces)
 @dataclass
 class StaticForward:
     """One bucket: its ForwardBatch over the static buffers, and its graphs once captured
-    (`graph`: the forward; `step_graph`: the forward + the decoding step, denoise only)."""
+    (`graph`: the forward; `step_graph`: the forward + the decoding step, denoise only;
+    `open_graph`: the same with the step for when no row waits, gated denoise only)."""
 
     blocks: int
     fb: ForwardBatch
     token_slot: torch.Tensor  # (T_pad,) request slot of each token
     graph: torch.cuda.CUDAGraph | None = None
     step_graph: torch.cuda.CUDAGraph | None = None
+    open_graph: torch.cuda.CUDAGraph | None = None
 
     @property
     def tokens(self) -> int:
@@ -164,5 +166,5 @@ class BucketedForwards:
 
     def drop_graphs(self) -> None:
         for static in self.forwards.values():
-            static.graph = static.step_graph = None
+            static.graph = static.step_graph = static.open_graph = None
         self.captured = False

@@ -6,10 +6,13 @@ one buffer shared by every bucket) and, when the worker gives one, its greedy st
 bucket then has two graphs, the forward, and the forward followed by the step (which gets the
 forward's `HeadInput`, model/head.py, instead of its logits; its readout
 (bucket, width) in a static buffer, and on CUDA also written to pinned host memory by the graph
-itself: kernels/host_copy.py). `prepare` picks the bucket of a batch, fills the metadata
-(one host-to-device copy; none when the worker's row storage gives its rows' request keys and
-starts: then each forward computes its metadata first, on the device, kernels/row_meta.py)
-and returns the run; each call copies the batch's current block ids
+itself: kernels/host_copy.py). A worker whose rows may wait for their predecessor (gated
+spawning, dllm/wavefront.py) also gives the step for when none waits (`open_step`: no gate
+test, nothing held): each bucket then has a third graph, the forward and that step, which the
+worker replays while it knows every gate open. `prepare` picks the bucket of a batch, fills
+the metadata (one host-to-device copy; none when the worker's row storage gives its rows'
+request keys and starts: then each forward computes its metadata first, on the device,
+kernels/row_meta.py) and returns the run; each call copies the batch's current block ids
 into the static ids when they are not already there and replays the bucket's graph (or runs
 the same work eagerly: buckets past --cuda-graph-max-bs, graphs off). FDFO re-loops and
 wavefront layout changes simply call again: the same bucket replays the same graph.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -46,7 +50,7 @@ class DenoiseGraphs(BucketedForwards):
                  ids: torch.Tensor | None = None, step: Step | None = None,
                  width: int = 0, before: Hook | None = None,
                  rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 replayed: Hook | None = None) -> None:
+                 replayed: Hook | None = None, open_step: Step | None = None) -> None:
         """ids: the static token ids, (rows, K) with rows >= max_blocks (the worker's row
         storage); default: a buffer of the graphs' own. step: the greedy step to run after the
         forward, (bucket, logits) -> readout (bucket, width). before: device work queued
@@ -54,7 +58,8 @@ class DenoiseGraphs(BucketedForwards):
         (>= max_blocks,) when every row holds one block (a hole or padding: the scratch slot,
         start 0): each forward then computes its metadata from them, right after `before`,
         and `prepare` writes none (its batch must be the storage's rows). replayed: called
-        after each replay of a graph (each holds `before`: the worker counts its fetches)."""
+        after each replay of a graph (each holds `before`: the worker counts its fetches).
+        open_step: the step when no row waits for its predecessor (same readout), or None."""
         dev = kv.req_to_page.device
         if ids is None:
             ids = torch.full((max_blocks, block_size), pad_id, dtype=torch.int64, device=dev)
@@ -66,7 +71,7 @@ class DenoiseGraphs(BucketedForwards):
         # (T, vocab) tensor per forward); the step reads them in fp32 (DllmAlgorithm.predict)
         self.logits = torch.zeros(layout.max_tokens, vocab_size,
                                   dtype=model.lm_head.weight.dtype, device=dev)
-        self.step = step
+        self.step, self.open_step = step, open_step
         self.before = before  # first in every forward (the worker's staged row writes)
         self.replayed = replayed
         self.readout = torch.zeros(max_blocks, width, dtype=torch.int64, device=dev)
@@ -116,15 +121,18 @@ class DenoiseGraphs(BucketedForwards):
                 self._replayed()
             return self.logits[:t]
 
-        def step() -> torch.Tensor:
-            if static.step_graph is not None:
-                static.step_graph.replay()
+        def step(gates_open: bool = False) -> torch.Tensor:
+            graph = static.open_graph if gates_open else static.step_graph
+            if graph is not None:
+                graph.replay()
                 self._replayed()
             else:
-                self.forward_step(static)
+                self.forward_step(static, gates_open)
             return self.readout[:n] if self.published is None else self.published.take(n)
 
-        return DenoiseRun(forward, step if self.step is not None and resident else None)
+        if self.step is None or not resident:
+            return DenoiseRun(forward)
+        return DenoiseRun(forward, step, partial(step, True) if self.open_step else None)
 
     def resident_run(self, n: int, block_ids: torch.Tensor) -> DenoiseRun | None:
         """`prepare` over storage rows [0, n) (`block_ids`), made once per n, when the forwards
@@ -162,11 +170,13 @@ class DenoiseGraphs(BucketedForwards):
     def work(self, static: StaticForward) -> Callable[[], object]:
         return lambda: self.logits_of(static)
 
-    def forward_step(self, static: StaticForward) -> None:
+    def forward_step(self, static: StaticForward, gates_open: bool = False) -> None:
         """The forward, then the greedy step over storage rows [0, bucket), given the forward's
-        HeadInput (a greedy step on CUDA then computes no logits tensor: kernels/lm_head.py)."""
-        assert self.step is not None
-        self.readout[:static.blocks].copy_(self.step(static.blocks, self.head_of(static)))
+        HeadInput (a greedy step on CUDA then computes no logits tensor: kernels/lm_head.py);
+        gates_open: `open_step` instead."""
+        step = self.open_step if gates_open else self.step
+        assert step is not None
+        self.readout[:static.blocks].copy_(step(static.blocks, self.head_of(static)))
         if self.published is not None:
             self.published.publish(self.readout[:static.blocks])
 
@@ -179,9 +189,9 @@ class DenoiseGraphs(BucketedForwards):
     # ---- startup ---------------------------------------------------------------------------
 
     def capture(self, graphs: GraphPool, max_blocks: int) -> None:
-        """The forward graphs, then (with a step) the forward + step graphs; if the step cannot
-        be captured, warn and keep only the forward graphs (the step then runs eagerly after
-        them)."""
+        """The forward graphs, then (with a step) the forward + step graphs, and (with an
+        open_step) the forward + open step graphs; if a step cannot be captured, warn and keep
+        only the forward graphs (the step then runs eagerly after them)."""
         super().capture(graphs, max_blocks)
         if self.step is None:
             return
@@ -190,15 +200,23 @@ class DenoiseGraphs(BucketedForwards):
                 static = self.forwards[bucket]
                 self.fill_padding(bucket)
                 static.step_graph = graphs.capture(lambda s=static: self.forward_step(s))
+                if self.open_step is not None:
+                    static.open_graph = graphs.capture(
+                        lambda s=static: self.forward_step(s, gates_open=True))
         except Exception as e:
             logger.warning("the decoding step could not be captured in a CUDA graph (%s: %s); "
                            "it runs eagerly after the forward graphs", type(e).__name__, e)
             torch.cuda.synchronize()
-            self.step = None
+            self.step = self.open_step = None
             for static in self.forwards.values():
-                static.step_graph = None
+                static.step_graph = static.open_graph = None
 
     def warm_work(self, static: StaticForward) -> Callable[[], object]:
         if self.step is None:
             return self.work(static)
-        return lambda: self.forward_step(static)
+
+        def both() -> None:
+            self.forward_step(static)
+            if self.open_step is not None:
+                self.forward_step(static, gates_open=True)
+        return both

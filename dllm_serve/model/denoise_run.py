@@ -18,7 +18,10 @@ class DenoiseRun:
     graph, or None when no step was captured for this layout. Outputs stay valid until the
     next call of either; on CUDA step()'s readout is a numpy view of pinned host memory
     written by the graph (kernels/host_copy.py `PublishRing`): read it once an event recorded
-    after the call has completed (managers/readback.py)."""
+    after the call has completed (managers/readback.py). open_step() (gated rows only): the same
+    as step() when the caller knows that no row waits for its predecessor (a cheaper step, its
+    own graph); None where there is none."""
 
     forward: Callable[[], torch.Tensor]
     step: Callable[[], torch.Tensor | np.ndarray] | None = None
+    open_step: Callable[[], torch.Tensor | np.ndarray] | None = None

@@ -157,7 +157,7 @@ class ModelRunner:
     def warm_up(self, ids: torch.Tensor | None = None, step: Step | None = None,
                 width: int = 0, before: Hook | None = None,
                 row_keys: tuple[torch.Tensor, torch.Tensor] | None = None,
-                replayed: Hook | None = None) -> None:
+                replayed: Hook | None = None, open_step: Step | None = None) -> None:
         """Build the bucketed denoise forwards over the static token ids `ids` (the worker's
         row storage, (rows, K)) with the greedy `step` (bucket, HeadInput) -> readout (bucket,
         width) after the forward when given; then, on CUDA, compile every bucket's kernels,
@@ -166,7 +166,8 @@ class ModelRunner:
         `before` runs first in every denoise forward from then on, bucketed (inside its graph)
         or eager (the worker's staged row writes). `row_keys`: the storage's row_req and
         row_start (one block per row): bucketed forwards then compute their metadata from them
-        (DenoiseGraphs). `replayed`: called after each replay of a denoise graph."""
+        (DenoiseGraphs). `replayed`: called after each replay of a denoise graph. `open_step`:
+        the greedy step for when no row waits for its predecessor (gated rows; its own graphs)."""
         self.before_denoise = before
         if not self.bucketed:
             return
@@ -177,7 +178,7 @@ class ModelRunner:
         self.graphs = DenoiseGraphs(self.model, self.kv, self.attn, self.block_size,  # type: ignore[arg-type]
                                     rows, self.cfg.model.vocab_size, self.cfg.mask_id,
                                     self.scratch_slot, ids, step, width, before, row_keys,
-                                    replayed)
+                                    replayed, open_step)
         if self.device.type != "cuda":
             return  # nothing to compile (the interpreter), no graphs
         graphs = self._want_graphs() and self._capture()
