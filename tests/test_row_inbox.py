@@ -11,6 +11,7 @@ from dllm_serve.dllm.algorithms import build_algorithm
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.kernels.row_inbox import (
     FRESH_STATE,
+    GATE_SHIFT,
     HAS_IDS,
     MOVED,
     PARAMS,
@@ -39,11 +40,14 @@ def inbox_of(records: list[tuple[int, int, int, int, int, list[int]]], capacity:
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 21])
-def test_apply_rows_equals_reference(count: int) -> None:
+@pytest.mark.parametrize("gated", [False, True])
+def test_apply_rows_equals_reference(count: int, gated: bool) -> None:
     """Rows in the count get their metadata, their ids where HAS_IDS is set and their source
     row's ids where MOVED is (sources: rows no record writes); a PARAMS record writes its
     request key's params and no row; records past the count and every other row and key stay;
-    the count is zeroed. 21 records: two inner steps."""
+    the count is zeroed. 21 records: two inner steps. gated: a HAS_IDS row also gets its
+    record's gate (the bits from GATE_SHIFT on) and flags 0, a MOVED row its source's gate and
+    flags."""
     gen = torch.Generator().manual_seed(count)
     capacity, k = 24, 6
     order = torch.randperm(capacity, generator=gen).tolist()
@@ -57,13 +61,16 @@ def test_apply_rows_equals_reference(count: int) -> None:
             return bits[i] + [0] * (k - 2)
         return ([sources[i % len(sources)]] * (i % 4 == 2) + [r * 10 + j for j in range(k)])[:k]
 
-    records = [(i if i % 4 == 3 else r, i, 100 + i, 7 * i, flags[i % 4], fields(i, r))
-               for i, r in enumerate(rows)]
+    gate_bits = [(i % 3) << GATE_SHIFT if flags[i % 4] == HAS_IDS else 0 for i in range(count)]
+    records = [(i if i % 4 == 3 else r, i, 100 + i, 7 * i, flags[i % 4] | gate_bits[i],
+                fields(i, r)) for i, r in enumerate(rows)]
     inbox = inbox_of(records, capacity, k, gen)
     ids = torch.randint(0, 50, (capacity + 1, k), generator=gen).to(DEVICE)
     meta = torch.randint(0, 50, (3, capacity + 1), generator=gen).to(DEVICE)
     params = torch.rand(2, capacity + 1, generator=gen).to(DEVICE)
+    gates = torch.randint(1, 4, (capacity + 1, 2), generator=gen).to(DEVICE) if gated else None
     want_ids, want_meta, want_params = ids.clone(), meta.clone(), params.clone()
+    want_gates = None if gates is None else gates.clone()
     for i, (row, req, start, seed, flag, row_ids) in enumerate(records):
         if flag & PARAMS:
             want_params[:, row] = torch.from_numpy(values[i])
@@ -71,15 +78,22 @@ def test_apply_rows_equals_reference(count: int) -> None:
         want_meta[:, row] = torch.tensor([req, start, seed])
         if flag & HAS_IDS:
             want_ids[row] = torch.tensor(row_ids)
+            if want_gates is not None:
+                want_gates[row] = torch.tensor([flag >> GATE_SHIFT, 0])
         if flag & MOVED:
             want_ids[row] = ids[row_ids[0]]
-    ref = inbox.clone(), ids.clone(), meta.clone(), params.clone()
+            if want_gates is not None and gates is not None:
+                want_gates[row] = gates[row_ids[0]]
+    ref = (inbox.clone(), ids.clone(), meta.clone(), params.clone(),
+           None if gates is None else gates.clone())
     apply_rows_reference(*ref)
-    apply_rows(inbox, ids, meta, params)
-    for got in ((ids, meta, params), ref[1:]):  # the scratch row / key (last): anything
+    apply_rows(inbox, ids, meta, params, gates)
+    for got in ((ids, meta, params, gates), ref[1:]):  # the scratch row / key (last): anything
         assert torch.equal(got[0][:capacity], want_ids[:capacity])
         assert torch.equal(got[1][:, :capacity], want_meta[:, :capacity])
         assert torch.equal(got[2][:, :capacity], want_params[:, :capacity])
+        if want_gates is not None:
+            assert torch.equal(got[3][:capacity], want_gates[:capacity])
     assert int(inbox[0]) == 0 and int(ref[0][0]) == 0
     assert torch.equal(inbox[1:], ref[0][1:])
 

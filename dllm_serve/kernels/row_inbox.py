@@ -14,10 +14,11 @@ ids[0], the *source*: a layout that closes its holes moves its last rows into th
 is moved by RowStorage, in the same forward), PARAMS
 (not a row: the per-request params of request key `row` are ids[0:P], each a float32's bits as
 a signed int32; the record's other fields are unused); bits from GATE_SHIFT on: the flags of its
-predecessor that open a HAS_IDS row that waits for it (its gate, applied by RowStorage).
+predecessor that open a HAS_IDS row that waits for it (its gate).
 `apply_rows`: for each of the first `count` records rows_meta[:, row] = (request, start, seed),
-with HAS_IDS ids[row] = the record's ids, with MOVED ids[row] = ids[source], with PARAMS
-params[:, row] = the values instead; then count = 0, so a replay with nothing staged does
+with HAS_IDS ids[row] = the record's ids (and, on gated storage, gates[row] = (its gate, flags
+0)), with MOVED ids[row] = ids[source] (gates[row] = gates[source]), with PARAMS params[:, row]
+= the values instead; then count = 0, so a replay with nothing staged does
 nothing. Invariant (the caller's): no source row is
 written (with ids, or as a move's target) by the same inbox, so records apply in any order.
 Oracle: `apply_rows_reference` (the CPU path), which needs a scratch row: the last row of ids
@@ -37,7 +38,7 @@ HAS_IDS = 1
 FRESH_STATE = 2
 MOVED = 4
 PARAMS = 8
-GATE_SHIFT = 4  # flags >> GATE_SHIFT: a new row's gate (RowStorage; apply_rows ignores it)
+GATE_SHIFT = 4  # flags >> GATE_SHIFT: a new row's gate
 BLOCK_R = 16  # records per inner step
 
 
@@ -46,21 +47,24 @@ def record_width(block_size: int) -> int:
 
 
 def apply_rows(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torch.Tensor,
-               params: torch.Tensor) -> None:
+               params: torch.Tensor, gates: torch.Tensor | None = None) -> None:
     """inbox (1 + M * (RECORD_HEAD + K),) int64, ids (rows, K) int64 contiguous, rows_meta
     (3, rows) int64 and params (P, keys) float32 (P <= K), both with unit stride along their
-    last dim: apply the staged records, zero the count."""
+    last dim, gates (rows, 2) int64 contiguous (gate, flags) or None: apply the staged records,
+    zero the count."""
     check_device(inbox, "apply_rows")
     k = ids.shape[1]
     assert ids.stride(1) == 1 and rows_meta.stride(1) == 1 and params.stride(1) == 1
     assert params.shape[0] <= k and params.dtype == torch.float32
-    _apply_kernel[(1,)](inbox, ids, rows_meta, params, ids.stride(0), rows_meta.stride(0),
-                        params.stride(0), K=k, P=params.shape[0], BLOCK_R=BLOCK_R,
+    assert gates is None or (gates.is_contiguous() and gates.shape == (ids.shape[0], 2))
+    _apply_kernel[(1,)](inbox, ids, rows_meta, params, ids if gates is None else gates,
+                        ids.stride(0), rows_meta.stride(0), params.stride(0), K=k,
+                        P=params.shape[0], HAS_GATES=gates is not None, BLOCK_R=BLOCK_R,
                         BLOCK_K=next_pow2(k), num_warps=4)
 
 
 def apply_rows_reference(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torch.Tensor,
-                         params: torch.Tensor) -> None:
+                         params: torch.Tensor, gates: torch.Tensor | None = None) -> None:
     """`apply_rows` in PyTorch ops (no host sync, so it can be captured too); records past the
     count write the scratch row ids.shape[0] - 1 (and params' last column)."""
     k = ids.shape[1]
@@ -81,13 +85,18 @@ def apply_rows_reference(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torc
     with_ids = live & ((flags & HAS_IDS) != 0)
     ids.index_copy_(0, torch.where(with_ids, records[:, 0], scratch), records[:, RECORD_HEAD:])
     ids.index_copy_(0, torch.where(moved, records[:, 0], scratch), moved_ids)
+    if gates is not None:
+        moved_gates = gates.index_select(0, source)
+        new = torch.stack([flags >> GATE_SHIFT, torch.zeros_like(flags)], 1)
+        gates.index_copy_(0, torch.where(with_ids, records[:, 0], scratch), new)
+        gates.index_copy_(0, torch.where(moved, records[:, 0], scratch), moved_gates)
     inbox[:1].zero_()
 
 
 @triton.jit
-def _apply_kernel(Inbox, Ids, Meta, Params, stride_ids, stride_meta, stride_params,
-                  K: tl.constexpr, P: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+def _apply_kernel(Inbox, Ids, Meta, Params, Gates, stride_ids, stride_meta, stride_params,
+                  K: tl.constexpr, P: tl.constexpr, HAS_GATES: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     count = tl.load(Inbox)
     r = tl.arange(0, BLOCK_R)
     kk = tl.arange(0, BLOCK_K)
@@ -116,4 +125,9 @@ def _apply_kernel(Inbox, Ids, Meta, Params, stride_ids, stride_meta, stride_para
                           values)
         mask = (with_ids | moved)[:, None] & k_ok
         tl.store(Ids + row[:, None] * stride_ids + kk[None, :], values, mask=mask)
+        if HAS_GATES:  # (gate, flags): a new block's gate and no flags; a move's source's
+            for c in tl.static_range(2):
+                new = (flags >> 4) * (c == 0)
+                gate = tl.where(moved, tl.load(Gates + source * 2 + c, mask=moved, other=0), new)
+                tl.store(Gates + row * 2 + c, gate, mask=with_ids | moved)
     tl.store(Inbox, count * 0)

@@ -81,9 +81,9 @@ class RowStorage:
                           else None)
         self.gate, self.flag = ((None, None) if self.all_gates is None
                                 else self.all_gates[:capacity].unbind(1))
-        # the per-row tensors a move carries to its target row (the ids move in apply_rows)
-        self.carried_by_moves = [*(self.all_state or {}).values(),
-                                 *([] if self.all_gates is None else [self.all_gates])]
+        # the per-row tensors a move carries to its target row (ids and gates move in
+        # apply_rows)
+        self.carried_by_moves = list((self.all_state or {}).values())
         self.width = record_width(block_size)
         # a layout change stages at most every row twice (a new block or a move, a freed row)
         # and each request's params once
@@ -199,12 +199,8 @@ class RowStorage:
             self._move_rows(records, staged)
             if self.all_state is not None and self.algo.graph_safe:
                 self._fresh_state(records, staged)
-            if self.all_gates is not None:
-                self._new_gates(records, staged)
-        if self.device.type == "cuda":
-            apply_rows(self.inbox, self.all_ids, self.all_meta, self.params)
-        else:
-            apply_rows_reference(self.inbox, self.all_ids, self.all_meta, self.params)
+        apply = apply_rows if self.device.type == "cuda" else apply_rows_reference
+        apply(self.inbox, self.all_ids, self.all_meta, self.params, self.all_gates)
 
     def _staged(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The inbox's first `capacity` records (capacity, width) and which of them are staged
@@ -213,20 +209,10 @@ class RowStorage:
         records = self.inbox[1:1 + self.capacity * self.width].view(self.capacity, self.width)
         return records, self._rows_arange < self.inbox[0]
 
-    def _new_gates(self, records: torch.Tensor, staged: torch.Tensor) -> None:
-        """A new block's row := its record's gate and flags 0 (the scratch row takes the other
-        records'). Freed rows keep theirs: a row of no request is nobody's predecessor, and a
-        gate left there only resets a hole."""
-        assert self.all_gates is not None
-        flags = records[:, 4]
-        new = staged & ((flags & HAS_IDS) != 0)
-        value = torch.stack([flags >> GATE_SHIFT, torch.zeros_like(flags)], 1)  # (capacity, 2)
-        self.all_gates.index_copy_(0, torch.where(new, records[:, 0], self.capacity), value)
-
     def _move_rows(self, records: torch.Tensor, staged: torch.Tensor) -> None:
-        """Each MOVED record's row takes its source row's state and gates (the scratch row
-        takes the other records'). Sources are never targets of the same write, so the order
-        of the copies does not matter; the ids move in apply_rows."""
+        """Each MOVED record's row takes its source row's state (the scratch row takes the
+        other records'). Sources are never targets of the same write, so the order of the
+        copies does not matter; the ids and gates move in apply_rows."""
         moved = staged & ((records[:, 4] & MOVED) != 0)
         target = torch.where(moved, records[:, 0], self.capacity)
         source = torch.where(moved, records[:, RECORD_HEAD], self.capacity)
