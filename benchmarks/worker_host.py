@@ -86,16 +86,17 @@ class MetaRunner(FakeRunner):
 
 
 def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
-           mean_forwards: float = 12.0, radix: bool = False) -> LocalEngine:
+           mean_forwards: float = 12.0, radix: bool = False, gated: bool = False) -> LocalEngine:
     pages = running * 16
     cfg = SchedulerConfig(block_size=K, mask_id=MASK, fdfo=fdfo, max_running_requests=running,
                           max_queued_requests=None, chunked_prefill_size=4096, num_pages=pages,
                           page_size=K, wavefront_size=wavefront, radix_cache=radix)
     algo = ScheduledDenoise(ScheduledConfig(mean=mean_forwards), K, MASK)
-    runner = MetaRunner(pages, K, running, wavefront)
+    runner = MetaRunner(pages, K, running, wavefront + (gated and wavefront == 1))
     # W > 1: every masked position counts as ready, so each frontier spawns at once (the
     # wavefront's bookkeeping at its busiest)
-    wf = WavefrontConfig(wavefront, token_threshold=0.0 if wavefront > 1 else None)
+    wf = WavefrontConfig(wavefront, token_threshold=0.0 if wavefront > 1 else None,
+                         gated=gated and wavefront > 1, standby=gated and wavefront == 1)
     worker = Worker(runner, algo, RoundMode(fdfo, wf),  # type: ignore[arg-type]
                     report_every_s=0.0, max_prefill_tokens=4096, depth=depth)
     return LocalEngine(Scheduler(cfg, FinishChecker({EOS}, None)), worker)
@@ -103,8 +104,8 @@ def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
 
 def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
            seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
-           radix: bool = False) -> LocalEngine:
-    e = engine(running, fdfo, depth, wavefront, mean_forwards, radix)
+           radix: bool = False, gated: bool = False) -> LocalEngine:
+    e = engine(running, fdfo, depth, wavefront, mean_forwards, radix, gated)
     rng = np.random.default_rng(seed)
     for i in range(running * per_slot):
         prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
@@ -163,9 +164,9 @@ def op_counts(*args: Any) -> dict[str, float]:
 
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
             seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
-            radix: bool = False) -> dict[str, Any]:
+            radix: bool = False, gated: bool = False) -> dict[str, Any]:
     e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards,
-               radix)
+               radix, gated)
     worker_s = sched_s = step_s = 0.0
     iterate, trace = e.worker.iterate, e.worker._trace
 
@@ -207,7 +208,7 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
     forwards = sum(r.forwards for r in e.reports)
     done = sum(1 for outs in e.outputs.values() if outs and outs[-1].finished)
     return {"running": running, "mode": "fdfo" if fdfo else "sync", "depth": depth,
-            "wavefront": wavefront,
+            "wavefront": wavefront, "gated": gated,
             "requests": running * per_slot, "finished": done, "forwards": forwards,
             "worker_host_ms_per_forward": 1e3 * worker_s / max(forwards, 1),
             # without the denoise items (the staged rows applied, the stand-in forward, the
@@ -241,7 +242,7 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     """One setting measured (under cProfile with --profile), its torch ops counted with
     --count-ops, printed."""
     args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed,
-            ns.wavefront, ns.mean_forwards, ns.radix_cache)
+            ns.wavefront, ns.mean_forwards, ns.radix_cache, ns.gated)
     if ns.profile:
         import cProfile
 
@@ -274,6 +275,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="W: most active blocks per request (W > 1: every frontier spawns)")
     ap.add_argument("--mean-forwards", type=float, default=12.0,
                     help="mean forwards per block (lognormal, clamped to 2..32)")
+    ap.add_argument("--gated", action="store_true",
+                    help="gated spawning (W > 1) / standby (W = 1)")
     ap.add_argument("--radix-cache", action="store_true",
                     help="the scheduler with the radix prefix cache on (as served by default)")
     ap.add_argument("--prompts-per-slot", type=int, default=4)
