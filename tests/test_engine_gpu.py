@@ -52,6 +52,20 @@ def test_auto_backends_are_triton_on_cuda_and_torch_on_the_cpu(no_weights_dir: P
     assert (runner.attention_backend, runner.moe_backend) == ("torch", "torch")
 
 
+def test_gated_spawning_is_on_by_default_on_cuda_only(no_weights_dir: Path) -> None:
+    """--dllm-gated-spawn auto: on with CUDA (the host reads each step back after launching
+    the next), off on the CPU; an explicit value wins; the worker's mode follows."""
+    assert ServerArgs(device="cpu").dllm_gated_spawn is None
+    assert not ServerArgs(device="cpu").resolved_gated_spawn
+    assert ServerArgs(device="cuda").resolved_gated_spawn
+    assert not ServerArgs(device="cuda", dllm_gated_spawn=False).resolved_gated_spawn
+    assert ServerArgs(device="cpu", dllm_gated_spawn=True).resolved_gated_spawn
+    for device, gated in (("cpu", False), ("cuda", True)):
+        cfg = EngineConfig.resolve(ServerArgs(model_path=str(no_weights_dir), device=device,
+                                              load_format="dummy"))
+        assert cfg.mode.wavefront.gated == gated and (cfg.mode.gate != 0) == gated
+
+
 def test_trace_summary() -> None:
     def item(kind: str, gpu: float, gap: float) -> dict:
         return {"kind": kind, "t0": 0.0, "t1": 0.0, "rows": 4, "gpu_ms": gpu, "gap_ms": gap}
