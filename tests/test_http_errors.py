@@ -147,6 +147,29 @@ def test_payload_too_large_is_413(server: Server) -> None:
     assert_error(server.post(CMPL, {"prompt": "x" * 70000}), 413, "Payload Too Large")
 
 
+def test_a_client_gone_before_its_body_arrived_is_not_an_internal_error() -> None:
+    """The body stream ends in a disconnect: a 400 APIError (its answer reaches no one), not
+    starlette's ClientDisconnect, which the app would log as an internal error."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from dllm_serve.http.body import read_json
+    from dllm_serve.http.errors import APIError
+
+    messages = [{"type": "http.request", "body": b'{"prompt": ', "more_body": True},
+                {"type": "http.disconnect"}]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [
+        (b"content-type", b"application/json")], "query_string": b""}
+    with pytest.raises(APIError) as err:
+        asyncio.run(read_json(Request(scope, receive), 1 << 20))
+    assert err.value.status == 400 and "disconnected" in err.value.message
+
+
 def test_unknown_model_is_404(server: Server) -> None:
     for path, body in ((CMPL, {"prompt": "x"}), (CHAT, {"messages": USER})):
         err = assert_error(server.post(path, {**body, "model": "gpt-9"}), 404, "gpt-9")

@@ -1,6 +1,7 @@
 """Reading and parsing request bodies by hand, so that every malformed body is a 400 (or 413)
 in OpenAI's error shape: wrong Content-Type, bad JSON or UTF-8, a non-object, a lone UTF-16
-surrogate, nesting deeper than MAX_DEPTH, a body past --max-payload-size. The parsed object is
+surrogate, nesting deeper than MAX_DEPTH, a body past --max-payload-size, a client gone before
+its body arrived (no internal error logged for it). The parsed object is
 then validated by the route's pydantic model (protocol.py), which is also what /openapi.json
 documents for the route.
 """
@@ -12,7 +13,7 @@ import re
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from dllm_serve.http.errors import APIError, validation_message
 
@@ -33,10 +34,13 @@ async def read_json(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise _too_large(limit)
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise _too_large(limit)
+    except ClientDisconnect:  # (its answer reaches no one: no internal error to log)
+        raise APIError(400, "The client disconnected before its request body arrived.") from None
     return bytes(body)
 
 
