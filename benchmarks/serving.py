@@ -158,7 +158,10 @@ class Client:
 
 
 def _http(ns: argparse.Namespace) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # idle connections dropped before the server's keep-alive (5 s) drops them (at httpx's
+    # default, also 5 s, a request sent as the server closes its connection fails)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                          keepalive_expiry=2.0)
     return httpx.AsyncClient(timeout=ns.request_timeout, limits=limits)
 
 

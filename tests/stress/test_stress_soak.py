@@ -324,7 +324,9 @@ async def run_soak(server: Server, tok: Tokenizer) -> list[Outcome]:
     rng = random.Random(SEED)
     kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=NUM_REQUESTS)
     gate = asyncio.Semaphore(CONCURRENCY)
-    limits = httpx.Limits(max_connections=CONCURRENCY + 16)
+    # idle connections dropped before the server's keep-alive (5 s) drops them: at httpx's
+    # default (also 5 s) a request sent as the server closes its connection fails (ReadError)
+    limits = httpx.Limits(max_connections=CONCURRENCY + 16, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
         soak = Soak(server, tok, client, rng)
         calls: dict[str, Callable[[int], Awaitable[Outcome]]] = {
