@@ -315,17 +315,18 @@ class Worker:
         blocks (refreshing any other live row changes nothing)."""
         k, rows, n = self.k, launch.layout.rows, len(launch.layout.rows)
         notable = (data[:, k + BAD] > 0) | (launch.steps >= self.max_steps)
-        converged = data[:, k + CONVERGED] > 0
         if self.mode.fdfo and not self.spec.wavefront and not self.gate:  # a block leaves on
-            notable |= converged  # the readout that finds it converged: none known converged
-        else:  # blocks stay converged (sync waits for the batch, a wavefront retires in order)
-            notable |= converged != np.fromiter((b.converged for b in rows), bool, n)
-            if self.spec.wavefront:  # the host spawns on readiness (gated: where it placed no
-                notable |= (data[:, k + READY] > 0) != np.fromiter(  # block ahead; measured
-                    (b.ready for b in rows), bool, n)  # with W > 1 only, else 0)
-        if self.batch.gated:  # gated rows the device opened (none while the host knows none)
-            notable |= (data[:, k + GATED] > 0) != np.fromiter((b.gate > 0 for b in rows), bool, n)
-        return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
+            notable |= data[:, k + CONVERGED] > 0  # the readout that finds it converged
+            return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
+        # blocks stay converged (sync waits for the batch, a wavefront retires in order); ready
+        # reads 0 with W = 1, gated 0 where the host knows the row open (it opened before the
+        # host cleared its gate): every flag compared in one pass over the rows
+        seen = ((data[:, k + CONVERGED] > 0) + 2 * (data[:, k + READY] > 0)
+                + 4 * (data[:, k + GATED] > 0))
+        known = np.fromiter((b.converged + 2 * b.ready + 4 * (b.gate != 0) for b in rows),
+                            np.int64, n)
+        notable |= seen != known
+        return notable.nonzero()[0].tolist()
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
         k = self.k
