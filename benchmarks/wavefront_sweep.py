@@ -37,9 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="held-out problem seed (training: 0)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-running-requests", type=int, default=16)
-    p.add_argument("--gated-spawn", action="store_true",
+    p.add_argument("--gated-spawn", action=argparse.BooleanOptionalAction, default=None,
                    help="W > 1: the next block waits in a row and the device opens it when its "
-                   "frontier is ready (--dllm-gated-spawn), instead of the host")
+                   "frontier is ready (--dllm-gated-spawn), or (--no-gated-spawn) the host "
+                   "opens it; default: as the server (gated on CUDA, the host on the CPU)")
     p.add_argument("--standby", action="store_true",
                    help="W = 1: the next block waits in a row and starts in its predecessor's "
                    "final forward (--dllm-standby)")
@@ -67,7 +68,7 @@ def run_one(ns: argparse.Namespace, prompts: list[str], answers: list[int], size
     tokens = sum(m["completion_tokens"] for m in metas)
     forwards = [m["denoise_steps"] for m in metas]
     return {"wavefront_size": size, "spawn_threshold": theta,
-            "gated": size > 1 and ns.gated_spawn,
+            "gated": "auto" if ns.gated_spawn is None else size > 1 and ns.gated_spawn,
             "standby": size == 1 and ns.standby,
             **score([o["text"] for o in outs], answers),
             "tokens_per_forward": tokens / max(1, sum(forwards)),
