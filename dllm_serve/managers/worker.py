@@ -101,12 +101,10 @@ class Worker:
         self.storage = RowStorage(algo, rows, self.k, runner.device, runner.scratch_slot,
                                   gated=mode.gate != 0)
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
-        graph_step = algo.graph_safe
-        runner.warm_up(self.storage.ids, self._graph_step if graph_step else None,
-                       self.k + len(FLAGS), self.storage.apply_staged,
+        step = self._graph_step if algo.graph_safe else None  # captured after the forward
+        runner.warm_up(self.storage.ids, step, self.k + len(FLAGS), self.storage.apply_staged,
                        (self.storage.row_req, self.storage.row_start), self.storage.replayed,
-                       open_step=partial(self._graph_step, gates_open=True)
-                       if graph_step and mode.gate else None)
+                       open_step=partial(step, gates_open=True) if step and mode.gate else None)
         cuda = runner.device.type == "cuda"
         self.pacing = Pacing(depth, multi_step, cuda)
         self.readback = Readback(runner.device, buffers=self.pacing.most_in_flight)
