@@ -4,9 +4,10 @@ forward), on this machine's CPU.
     python benchmarks/wire_codec.py [--retired 3] [--iters 20000] [--out R.json]
 
 Messages: a WorkerReport with R retired blocks of 32 tokens (the worker sends one after most
-FDFO forwards), a WorkerBatch admitting one request (its pages, its first block, its settings)
-and a WorkerBatch of one Release. Reported per message: microseconds to encode and to decode
-(best of 3 passes of --iters each) and the encoded size.
+FDFO forwards), a WorkerBatch admitting one request (its pages, its first block, its settings),
+a WorkerBatch of one Release, the scheduler's BatchOutput of 8 requests' outputs (one per
+committed block) and a front's GenerateReq. Reported per message: microseconds to encode and
+to decode (best of 3 passes of --iters each) and the encoded size.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 from benchmarks.common import write_json
 from dllm_serve.managers import messages as m
+from dllm_serve.sampling_params import SamplingParams
 
 K = 32
 
@@ -36,8 +38,15 @@ def examples(retired: int) -> dict[str, object]:
     admit = m.WorkerBatch([m.AddPages(7, 0, np.arange(7, dtype=np.int64)),
                            m.Admit(12, 7, 96, np.full((1, K), 5, np.int64), [None], [0],
                                    settings)])
+    outputs = m.BatchOutput([m.ReqOutput(f"req-{i}", np.arange(K, dtype=np.int64), i % 2 == 0,
+                                         {"type": "length", "length": 64} if i % 2 == 0 else None,
+                                         90, 64, 3, 2, 2, [2, 1] if i % 2 == 0 else [],
+                                         [0, 0] if i % 2 == 0 else []) for i in range(8)])
+    request = m.GenerateReq("req-0", np.arange(90, dtype=np.int64),
+                            SamplingParams(max_new_tokens=64), 1.0)
     return {f"report, {retired} retired": report, "batch: admit one request": admit,
-            "batch: one release": m.WorkerBatch([m.Release(12)])}
+            "batch: one release": m.WorkerBatch([m.Release(12)]),
+            "outputs of 8 requests": outputs, "a request (90 prompt tokens)": request}
 
 
 def best_us(fn: Any, iters: int) -> float:

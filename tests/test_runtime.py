@@ -26,7 +26,9 @@ EXAMPLES: list[object] = [
     m.AbortReq("r"), m.AbortReq(abort_all=True, message="bye"), m.InfoReq(7),
     m.FlushCacheReq(8), m.FlushCacheResp(8, False, "busy", 0),
     m.ReqOutput("r", IDS, True, {"type": "length", "length": 4}, 5, 4, 6, 5, 1, [3], [0]),
-    m.BatchOutput([m.ReqOutput("r", IDS)]), m.InfoResp(7, {"a": 1}), m.Ready({"b": 2}),
+    m.BatchOutput([m.ReqOutput("r", IDS), m.ReqOutput("s", np.zeros(0, np.int64), True, {
+        "type": "abort", "message": "gone", "status_code": 499})]),
+    m.InfoResp(7, {"a": 1}), m.Ready({"b": 2}),
     m.Fatal("boom"), SETTINGS, m.AddPages(3, 2, np.array([9, 4])),
     m.Prefill([0, 1], [0, 32], [IDS, IDS]),
     m.Admit(4, 3, 32, np.zeros((2, 32), np.int64), [None, {"finished": np.array(True)}],

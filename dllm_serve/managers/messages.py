@@ -42,6 +42,15 @@ class GenerateReq:
     params: SamplingParams
     arrival: float  # time.monotonic() in the front
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with the prompt as raw bytes (see `_ints`)."""
+        return _unpack_generate, (self.rid, _raw(self.input_ids), self.params, self.arrival)
+
+
+def _unpack_generate(rid: str, input_ids: bytes, params: SamplingParams,
+                     arrival: float) -> GenerateReq:
+    return GenerateReq(rid, _ints(input_ids, (-1,)), params, arrival)
+
 
 @dataclass
 class AbortReq:
@@ -85,6 +94,19 @@ class ReqOutput:
     blocks: int = 0  # committed generation blocks
     block_forwards: list[int] = field(default_factory=list)  # per block; sent with the last output
     block_edits: list[int] = field(default_factory=list)  # per block; sent with the last output
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its values in order, the ids as raw bytes (a dataclass pickles its field
+        names with each instance, a numpy array its dtype and shape: 3.5 against 1.4 us to
+        encode one output, CPU; the scheduler sends one per committed block)."""
+        return _unpack_output, (self.rid, _raw(self.new_ids), self.finished, self.finish_reason,
+                                self.prompt_tokens, self.completion_tokens, self.forward_steps,
+                                self.denoise_steps, self.blocks, self.block_forwards,
+                                self.block_edits)
+
+
+def _unpack_output(rid: str, new_ids: bytes, *rest: Any) -> ReqOutput:
+    return ReqOutput(rid, _ints(new_ids, (-1,)), *rest)
 
 
 @dataclass
