@@ -4,6 +4,9 @@ forward costs when requests join and leave every few forwards.
     python benchmarks/worker_host.py                      # FDFO and sync at 16 and 64 running
     python benchmarks/worker_host.py --profile /tmp/wh    # + a cProfile of each setting
     python benchmarks/worker_host.py --count-ops          # + torch ops per forward
+    python benchmarks/worker_host.py --running 16 --modes fdfo --mean-forwards 3 \
+        --max-new-tokens 32 --prompts-per-slot 64 --radix-cache --wavefront 2 --gated
+        # the held-out problems' shape (~3 forwards a block, short answers), W = 2 as on CUDA
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU;
 the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after applying
@@ -14,13 +17,15 @@ new tokens, 4 prompts per running slot. Reported per setting (the median of --re
 host ms per forward (time inside Worker.iterate over denoise forwards), the same without the
 denoise items (applying the staged rows, the stand-in forward and the step, which a GPU runs inside
 the forward's CUDA graph: the part of the worker's host work that a GPU host also does), scheduler
-ms per forward, forwards. On a GPU the forward runs asynchronously, so the worker's host time is
-what must stay under one forward's device time. Also rows per forward and the rows whose readout
-the worker refreshed (Worker._refresh): a machine-independent count of the per-row host work. With
---count-ops also the torch operator calls per forward inside `ResidentBatch.layout` (the layout
-changes' row writes and views) and in the whole worker without the denoise items: each costs tens
-of microseconds of host time on a GPU (a dispatch, often a launch), a machine-independent count of
-that part of the host's work.
+ms per forward, forwards, and per committed block the worker's host time without the denoise items
+and the scheduler's (the host's work is mostly a cost per block, the same at W = 2 as at W = 1:
+results/h200/runtime/README.md, session 17). On a GPU the forward runs asynchronously, so the
+worker's host time is what must stay under one forward's device time. Also rows per forward and the
+rows whose readout the worker refreshed (Worker._refresh): a machine-independent count of the
+per-row host work. With --count-ops also the torch operator calls per forward inside
+`ResidentBatch.layout` (the layout changes' row writes and views) and in the whole worker without
+the denoise items: each costs tens of microseconds of host time on a GPU (a dispatch, often a
+launch), a machine-independent count of that part of the host's work.
 """
 
 from __future__ import annotations
@@ -206,6 +211,7 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
     wall = time.perf_counter() - t0
     sched_s = wall - worker_s
     forwards = sum(r.forwards for r in e.reports)
+    blocks = e.sched.stats["committed_blocks"]
     done = sum(1 for outs in e.outputs.values() if outs and outs[-1].finished)
     return {"running": running, "mode": "fdfo" if fdfo else "sync", "depth": depth,
             "wavefront": wavefront, "gated": gated,
@@ -216,6 +222,12 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             "worker_host_ms_per_forward_without_step": 1e3 * (worker_s - step_s) / max(
                 forwards, 1),
             "scheduler_ms_per_forward": 1e3 * sched_s / max(forwards, 1),
+            # per committed block: the host's work is mostly a cost per block (a block's
+            # admission, layout change, refreshes, retirement, commit), the same at W = 2 as
+            # at W = 1, which takes more forwards for the same blocks
+            "blocks": blocks,
+            "worker_host_us_per_block_without_step": 1e6 * (worker_s - step_s) / max(blocks, 1),
+            "scheduler_us_per_block": 1e6 * sched_s / max(blocks, 1),
             # machine-independent: rows a forward computes, and rows whose readout the
             # worker looked at (Worker._refresh)
             "rows_per_forward": sum(r.block_steps for r in e.reports) / max(forwards, 1),
@@ -224,7 +236,8 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
 
 
 TIMED = ("worker_host_ms_per_forward", "worker_host_ms_per_forward_without_step",
-         "scheduler_ms_per_forward", "wall_s")
+         "scheduler_ms_per_forward", "worker_host_us_per_block_without_step",
+         "scheduler_us_per_block", "wall_s")
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -259,7 +272,9 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     print(f"{row['mode']:5s} running={running:3d} depth={ns.depth} W={ns.wavefront}: worker host "
           f"{row['worker_host_ms_per_forward']:.3f} ms/forward "
           f"({row['worker_host_ms_per_forward_without_step']:.3f} without the step), scheduler "
-          f"{row['scheduler_ms_per_forward']:.3f} ms/forward, {row['forwards']} forwards, "
+          f"{row['scheduler_ms_per_forward']:.3f} ms/forward; per block worker "
+          f"{row['worker_host_us_per_block_without_step']:.1f} us without the step, scheduler "
+          f"{row['scheduler_us_per_block']:.1f} us; {row['forwards']} forwards, "
           f"{row['rows_per_forward']:.1f} rows and {row['refreshes_per_forward']:.1f} "
           f"refreshed a forward, "
           f"{row['finished']}/{row['requests']} finished{ops}", flush=True)

@@ -391,6 +391,10 @@ def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["rows"] == rows
     by_mode = {r["mode"]: r for r in rows}
     assert all(r["finished"] == r["requests"] == 16 and r["forwards"] > 0 for r in rows)
+    # 64 new tokens a request, EOS ignored: two or three committed blocks each (the first
+    # holds the prompt's tail), timed per block too
+    assert all(2 * 16 <= r["blocks"] <= 3 * 16 and r["worker_host_us_per_block_without_step"] > 0
+               and r["scheduler_us_per_block"] > 0 for r in rows)
     assert by_mode["fdfo"]["layout_ops_per_forward"] > 3 * by_mode["sync"]["layout_ops_per_forward"]
     assert by_mode["sync"]["layout_ops_per_forward"] > 0
     assert all(r["worker_ops_per_forward"] >= r["layout_ops_per_forward"] for r in rows)
