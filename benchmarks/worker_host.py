@@ -5,8 +5,10 @@ forward costs when requests join and leave every few forwards.
     python benchmarks/worker_host.py --profile /tmp/wh    # + a cProfile of each setting
     python benchmarks/worker_host.py --count-ops          # + torch ops per forward
     python benchmarks/worker_host.py --running 16 --modes fdfo --mean-forwards 3 \
-        --max-new-tokens 32 --prompts-per-slot 64 --radix-cache --wavefront 2 --gated
-        # the held-out problems' shape (~3 forwards a block, short answers), W = 2 as on CUDA
+        --max-new-tokens 32 --prompts-per-slot 64 --radix-cache --pages-per-slot 1000 \
+        --wavefront 2 --gated
+        # the held-out problems' shape (~3 forwards a block, short answers), W = 2 as on CUDA,
+        # a pool that never evicts (as a GPU's)
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU;
 the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after applying
@@ -91,8 +93,9 @@ class MetaRunner(FakeRunner):
 
 
 def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
-           mean_forwards: float = 12.0, radix: bool = False, gated: bool = False) -> LocalEngine:
-    pages = running * 16
+           mean_forwards: float = 12.0, radix: bool = False, gated: bool = False,
+           pages_per_slot: int = 16) -> LocalEngine:
+    pages = running * pages_per_slot
     cfg = SchedulerConfig(block_size=K, mask_id=MASK, fdfo=fdfo, max_running_requests=running,
                           max_queued_requests=None, chunked_prefill_size=4096, num_pages=pages,
                           page_size=K, wavefront_size=wavefront, radix_cache=radix)
@@ -109,8 +112,8 @@ def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
 
 def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
            seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
-           radix: bool = False, gated: bool = False) -> LocalEngine:
-    e = engine(running, fdfo, depth, wavefront, mean_forwards, radix, gated)
+           radix: bool = False, gated: bool = False, pages_per_slot: int = 16) -> LocalEngine:
+    e = engine(running, fdfo, depth, wavefront, mean_forwards, radix, gated, pages_per_slot)
     rng = np.random.default_rng(seed)
     for i in range(running * per_slot):
         prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
@@ -169,9 +172,10 @@ def op_counts(*args: Any) -> dict[str, float]:
 
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
             seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
-            radix: bool = False, gated: bool = False) -> dict[str, Any]:
+            radix: bool = False, gated: bool = False,
+            pages_per_slot: int = 16) -> dict[str, Any]:
     e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards,
-               radix, gated)
+               radix, gated, pages_per_slot)
     worker_s = sched_s = step_s = 0.0
     iterate, trace = e.worker.iterate, e.worker._trace
 
@@ -255,7 +259,7 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     """One setting measured (under cProfile with --profile), its torch ops counted with
     --count-ops, printed."""
     args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed,
-            ns.wavefront, ns.mean_forwards, ns.radix_cache, ns.gated)
+            ns.wavefront, ns.mean_forwards, ns.radix_cache, ns.gated, ns.pages_per_slot)
     if ns.profile:
         import cProfile
 
@@ -295,6 +299,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--radix-cache", action="store_true",
                     help="the scheduler with the radix prefix cache on (as served by default)")
     ap.add_argument("--prompts-per-slot", type=int, default=4)
+    ap.add_argument("--pages-per-slot", type=int, default=16,
+                    help="KV pages per running slot (the default fills the radix cache, which "
+                         "then evicts on most admissions; 1000: a GPU's pool, no eviction)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1,

@@ -411,6 +411,36 @@ def test_worker_host_wavefront_refreshes_only_changed_rows() -> None:
     assert 0 < row["refreshes_per_forward"] < row["rows_per_forward"] / 2
 
 
+def counted(fn: Any, calls: list[Any]) -> Any:
+    """fn, recording each call's first argument in `calls`."""
+
+    def wrapper(arg: Any, *rest: Any) -> Any:
+        calls.append(arg)
+        return fn(arg, *rest)
+
+    return wrapper
+
+
+def test_worker_host_pool_size_sets_what_the_radix_cache_evicts() -> None:
+    """--pages-per-slot: with the radix cache on, the default pool fills and the cache evicts
+    on admissions; a pool of 1000 pages a slot (a GPU's) never evicts. Every request finishes
+    either way."""
+    from benchmarks import worker_host
+
+    evicted = {}
+    for pages in (16, 1000):
+        e = worker_host.loaded(4, True, 1, 8, 32, 0, 1, 3.0, True, False, pages)
+        tree = e.sched.alloc.tree
+        assert tree is not None
+        calls: list[int] = []
+        tree.evict = counted(tree.evict, calls)  # type: ignore[method-assign]
+        while e.step():
+            pass
+        assert sum(1 for o in e.outputs.values() if o and o[-1].finished) == 4 * 8
+        evicted[pages] = len(calls)
+    assert evicted[16] > 0 and evicted[1000] == 0
+
+
 def test_worker_host_takes_the_median_of_repeats() -> None:
     """With several runs, each timed figure is their median and the runs' values are kept;
     counts come from the first run."""
