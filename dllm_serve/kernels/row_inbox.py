@@ -59,7 +59,8 @@ def apply_rows(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torch.Tensor,
     assert gates is None or (gates.is_contiguous() and gates.shape == (ids.shape[0], 2))
     _apply_kernel[(1,)](inbox, ids, rows_meta, params, ids if gates is None else gates,
                         ids.stride(0), rows_meta.stride(0), params.stride(0), K=k,
-                        P=params.shape[0], HAS_GATES=gates is not None, BLOCK_R=BLOCK_R,
+                        P=params.shape[0], HAS_GATES=gates is not None, GATE_SHIFT=GATE_SHIFT,
+                        BLOCK_R=BLOCK_R,
                         BLOCK_K=next_pow2(k), num_warps=4)
 
 
@@ -96,7 +97,7 @@ def apply_rows_reference(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torc
 @triton.jit
 def _apply_kernel(Inbox, Ids, Meta, Params, Gates, stride_ids, stride_meta, stride_params,
                   K: tl.constexpr, P: tl.constexpr, HAS_GATES: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                  GATE_SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     count = tl.load(Inbox)
     r = tl.arange(0, BLOCK_R)
     kk = tl.arange(0, BLOCK_K)
@@ -127,7 +128,7 @@ def _apply_kernel(Inbox, Ids, Meta, Params, Gates, stride_ids, stride_meta, stri
         tl.store(Ids + row[:, None] * stride_ids + kk[None, :], values, mask=mask)
         if HAS_GATES:  # (gate, flags): a new block's gate and no flags; a move's source's
             for c in tl.static_range(2):
-                new = (flags >> 4) * (c == 0)
+                new = (flags >> GATE_SHIFT) * (c == 0)
                 gate = tl.where(moved, tl.load(Gates + source * 2 + c, mask=moved, other=0), new)
                 tl.store(Gates + row * 2 + c, gate, mask=with_ids | moved)
     tl.store(Inbox, count * 0)
