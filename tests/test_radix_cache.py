@@ -19,23 +19,28 @@ def ids(*tokens: int) -> np.ndarray:
     return np.array(tokens, dtype=np.int64)
 
 
+def key(*tokens: int) -> bytes:
+    """A page's key in the tree: its int64 ids' bytes."""
+    return ids(*tokens).tobytes()
+
+
 def test_match_takes_whole_pages_only() -> None:
     tree = RadixCache(page_size=2)
-    a = tree.insert(tree.root, (1, 2), page=7)
-    tree.insert(a, (3, 4), page=8)
+    a = tree.insert(tree.root, key(1, 2), page=7)
+    tree.insert(a, key(3, 4), page=8)
     assert tree.match(ids(1, 2, 3, 4, 5)).pages == [7, 8]
     assert tree.match(ids(1, 2, 3)).pages == [7]  # (3,) is not a whole page
     assert tree.match(ids(1, 2, 3, 5)).pages == [7]
     assert tree.match(ids(2, 2)).pages == [] and tree.match(ids(1, 2)).node is a
-    assert tree.insert(tree.root, (1, 2), page=9) is a and a.page == 7  # existing: kept
+    assert tree.insert(tree.root, key(1, 2), page=9) is a and a.page == 7  # existing: kept
 
 
 def test_locked_paths_are_not_evicted_and_lru_leaves_go_first() -> None:
     tree = RadixCache(page_size=1)
-    a = tree.insert(tree.root, (1,), 0)
-    b = tree.insert(a, (2,), 1)
-    c = tree.insert(tree.root, (3,), 2)
-    d = tree.insert(c, (4,), 3)
+    a = tree.insert(tree.root, key(1), 0)
+    b = tree.insert(a, key(2), 1)
+    c = tree.insert(tree.root, key(3), 2)
+    d = tree.insert(c, key(4), 3)
     tree.lock(b)
     assert tree.evictable == 2  # c, d
     tree.lock(d)
@@ -50,7 +55,7 @@ def test_locked_paths_are_not_evicted_and_lru_leaves_go_first() -> None:
 
 def test_lru_order_follows_the_last_use() -> None:
     tree = RadixCache(page_size=1)
-    leaves = [tree.insert(tree.root, (t,), t) for t in range(4)]
+    leaves = [tree.insert(tree.root, key(t), t) for t in range(4)]
     for t in (2, 0, 3):  # used in this order; 1 never
         tree.lock(leaves[t])
         tree.unlock(leaves[t])
@@ -333,9 +338,10 @@ def tree_nodes(tree: RadixCache) -> dict[tuple[int, ...], object]:
     out, stack = {}, [((), tree.root)]
     while stack:
         prefix, node = stack.pop()
-        for key, child in node.children.items():
-            out[prefix + key] = child
-            stack.append((prefix + key, child))
+        for raw, child in node.children.items():
+            path = prefix + tuple(np.frombuffer(raw, dtype=np.int64).tolist())
+            out[path] = child
+            stack.append((path, child))
     return out
 
 

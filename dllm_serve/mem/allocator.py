@@ -122,8 +122,8 @@ class KVAllocator:
             return
         node = h.node or self.tree.root
         for i in range(len(tokens) // self.page_size):
-            page = h.pages[h.cached]
-            node = self.tree.insert(node, self.tree.key(tokens, i), page)
+            page = h.pages[h.cached]  # (locking: h locks the path to the last node below)
+            node = self.tree.insert(node, self.tree.key(tokens, i), page, locking=True)
             if node.page != page and node.lock == 0:
                 self._drop([self.tree.replace(node, page)])
             if node.page == page:

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-Key = tuple[int, ...]  # one page of token ids
+Key = bytes  # one page of token ids, as int64 bytes (hashed in C, no Python ints made)
+KEY_ITEM = np.dtype(np.int64).itemsize
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     key: Key
     page: int
@@ -71,9 +72,11 @@ class RadixCache:
         self._tiebreak = itertools.count()
 
     def key(self, tokens: np.ndarray, i: int) -> Key:
-        """The key of page i of `tokens`."""
+        """The key of page i of `tokens` (int64: other dtypes' bytes would never match)."""
+        if tokens.dtype != np.int64:
+            raise TypeError(f"radix cache keys are int64 token ids, got {tokens.dtype}")
         p = self.page_size
-        return tuple(tokens[i * p:(i + 1) * p].tolist())
+        return tokens[i * p:(i + 1) * p].tobytes()
 
     def match(self, tokens: np.ndarray) -> Match:
         """The longest prefix of whole pages of `tokens` in the tree (read-only)."""
@@ -87,17 +90,20 @@ class RadixCache:
             unlocked += child.lock == 0
         return Match(node, pages, unlocked)
 
-    def insert(self, parent: Node, key: Key, page: int) -> Node:
+    def insert(self, parent: Node, key: Key, page: int, locking: bool = False) -> Node:
         """The child of `parent` under `key`: the existing one (its page stays, `page` is not
-        taken), else a new unlocked leaf holding `page`."""
+        taken), else a new unlocked leaf holding `page`. locking: the caller locks a path
+        through the new leaf before anything can evict (mem/allocator.py's cache), so it does
+        not enter the eviction heap now: its unlock pushes it, as any node's."""
         child = parent.children.get(key)
         if child is not None:
             return child
-        child = Node(key, page, parent, stamp=next(self._clock))
+        child = Node(key, page, parent, {}, 0, next(self._clock))
         parent.children[key] = child
         self.num_pages += 1
         self.evictable += 1
-        self._push(child)
+        if not locking:
+            self._push(child)
         return child
 
     def replace(self, node: Node, page: int) -> int:
@@ -168,7 +174,7 @@ class RadixCache:
             if x.lock != locks.get(id(x), 0):
                 raise RuntimeError(f"radix cache: node of page {x.page} has lock {x.lock}, "
                                    f"its requests hold {locks.get(id(x), 0)}")
-            if len(x.key) != self.page_size or not x.attached:
+            if len(x.key) != self.page_size * KEY_ITEM or not x.attached:
                 raise RuntimeError(f"radix cache: malformed node of page {x.page}")
         pages = [x.page for x in nodes]
         if len(set(pages)) != len(pages):
