@@ -37,13 +37,18 @@ class FinishChecker:
     def __init__(self, eos_ids: set[int], decode: Decode | None) -> None:
         self.eos_ids = eos_ids
         self.decode = decode
+        # the stop token sets, by (stop_token_ids, ignore_eos): a few distinct ones per server
+        self._stop_sets: dict[tuple[tuple[int, ...], bool], frozenset[int]] = {}
 
     def commit(self, req: Req, new_tokens: np.ndarray) -> np.ndarray:
-        """Append new_tokens to req.output_ids up to the first finish; return what was added."""
+        """Append new_tokens (T,) int64 to req.output_ids up to the first finish; return what
+        was added (a view of new_tokens unless a stop string cut the output)."""
         start = len(req.output_ids)
+        added = new_tokens[:0]
         if len(new_tokens):
             end, req.finish_reason = self._token_finish(req, new_tokens)
-            req.output_ids.extend(new_tokens[:end].tolist())
+            added = new_tokens[:end]
+            req.output_ids.extend(added.tolist())
         if (req.params.stop or req.params.stop_regex) and self.decode is not None:
             try:
                 self._stop_strings(req, start)
@@ -53,7 +58,20 @@ class FinishChecker:
                     "message": f"stop_regex {e.pattern!r} took longer than "
                                f"{1e3 * STOP_REGEX_TIMEOUT_S:.0f} ms to search the output "
                                f"(runaway backtracking): simplify the pattern"}
-        return np.asarray(req.output_ids[start:], dtype=np.int64)
+            return np.asarray(req.output_ids[start:], dtype=np.int64)
+        return added
+
+    def stop_set(self, req: Req) -> frozenset[int]:
+        """The token ids that stop the request: its stop_token_ids, and EOS unless
+        ignore_eos (min_new_tokens aside: the caller applies it)."""
+        p = req.params
+        key = (tuple(p.stop_token_ids), p.ignore_eos)
+        stops = self._stop_sets.get(key)
+        if stops is None:
+            stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos
+                                                   else frozenset(self.eos_ids))
+            self._stop_sets[key] = stops
+        return stops
 
     def _token_finish(self, req: Req, tokens: np.ndarray) -> tuple[int, dict | None]:
         """(how many of tokens (T,) >= 1 join the output, the finish they reach): they end
@@ -63,9 +81,7 @@ class FinishChecker:
         params, before = req.params, len(req.output_ids)
         # token i makes the output before + i + 1 long
         at_length = max(0, params.max_new_tokens - before - 1)
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= self.eos_ids
+        stops = self.stop_set(req)
         first = max(0, params.min_new_tokens - before - 1)  # the first that may stop it
         ids = tokens.tolist()  # a block's few ids: a loop over a list beats numpy compares
         for i in range(first, min(len(ids), at_length + 1)):

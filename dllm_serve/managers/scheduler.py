@@ -66,6 +66,7 @@ class Scheduler:
         self.pages = ReqPages(self.alloc, config, self.to_worker)
         self.uids = itertools.count(1)
         self.rng = random.Random(config.random_seed)
+        self._stop_arrays: dict[frozenset[int], np.ndarray] = {}  # ReqSettings.stop_ids, shared
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
                       "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
         self.prefill = PrefillPlanner(config, self.to_worker, self.pages, self.stats)
@@ -226,12 +227,15 @@ class Scheduler:
 
     def _settings(self, req: Req) -> ReqSettings:
         p = req.params
-        stop = set(p.stop_token_ids) | (set() if p.ignore_eos else self.finish.eos_ids)
-        if p.min_new_tokens:  # an early stop token does not end it: the finish check decides
-            stop = set()
+        # an early stop token does not end a request with min_new_tokens: the finish check
+        # decides (the worker's array of a stop set is shared: read only, never written)
+        stop = self.finish.stop_set(req) if not p.min_new_tokens else frozenset()
+        ids = self._stop_arrays.get(stop)
+        if ids is None:
+            ids = self._stop_arrays[stop] = np.array(sorted(stop), dtype=np.int64)
+            ids.flags.writeable = False
         return ReqSettings(req.prompt_len, req.max_end, p.temperature, p.top_p, req.seed,
-                           dict(p.dllm), np.array(sorted(stop), dtype=np.int64),
-                           top_k=p.top_k, min_p=p.min_p)
+                           dict(p.dllm), ids, top_k=p.top_k, min_p=p.min_p)
 
     # ---- results ----------------------------------------------------------------------------
 

@@ -32,9 +32,11 @@ class IdPool:
         if not ids:
             return
         used = self._in_use
-        if len(set(ids)) != len(ids) or not all(used[i] for i in ids):
-            raise RuntimeError(f"double free of {self.kind}(s) {sorted(ids)}")
-        for i in ids:
+        for n, i in enumerate(ids):  # one pass: an id freed twice reads 0 the second time
+            if not used[i]:
+                for j in ids[:n]:  # undone: the pool is as it was
+                    used[j] = 1
+                raise RuntimeError(f"double free of {self.kind}(s) {sorted(ids)}")
             used[i] = 0
         self._free.extend(ids)
 
