@@ -105,10 +105,11 @@ class BlockFlow:
             self.flagged.clear()
             self.boundary |= not any_active
             return
-        p = plan(self.mode, np.array([_leading(r.blocks) for r in cands], dtype=np.int64),
-                 np.array([len(r.blocks) for r in cands], dtype=np.int64),
-                 np.array([r.blocks[-1].ready for r in cands], dtype=bool),  # (gated: False)
-                 np.array([self._can_open(r) for r in cands], dtype=bool), done)
+        # plan's inputs, one row per candidate: leading converged blocks, blocks, a ready
+        # frontier (a gated frontier reads False), room after it; one array, one pass
+        cols = np.array([(_leading(r.blocks), len(r.blocks), r.blocks[-1].ready,
+                          self._can_open(r)) for r in cands], dtype=np.int64)
+        p = plan(self.mode, cols[:, 0], cols[:, 1], cols[:, 2] > 0, cols[:, 3] > 0, done)
         retire = p.retire.tolist()
         if any(retire):
             self.report.msg.rounds += 1

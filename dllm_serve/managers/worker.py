@@ -223,7 +223,7 @@ class Worker:
 
     def admit(self, msg: Admit) -> None:
         n = len(msg.blocks)
-        blocks = [Block(msg.first_start + i * self.k, init_ids=msg.blocks[i].copy(),
+        blocks = [Block(msg.first_start + i * self.k, init_ids=msg.blocks[i],  # (read only)
                         init_state=msg.states[i], init_steps=msg.block_steps[i])
                   for i in range(n)]
         self.flow.admit(DeviceReq(msg.uid, msg.slot, msg.settings,
