@@ -34,9 +34,6 @@ class Block:
     edits: int = 0
     gate: int = 0  # it waits for its predecessor's flags (dllm/wavefront.py); 0 once open
     waited: int = 0  # forwards it had waiting (read back when it opened)
-    # converged + 2 * ready + 4 * (gate != 0), as the host knows them (what the worker
-    # compares each readout's flags with); kept by ResidentBatch.open_block and the refresh
-    known: int = 0
 
 
 HOLE_SETTINGS = ReqSettings(prompt_len=0, max_end=0)  # greedy, defaults: what a hole steps with

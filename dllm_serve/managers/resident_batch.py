@@ -104,8 +104,7 @@ class ResidentBatch:
     def open_block(self, req: DeviceReq, gate: int = 0) -> None:
         """Append an all-mask block at req.next_start (fresh state; its init_ids the batch's
         one read-only mask row), gated on its predecessor's flags `gate` (0: open)."""
-        req.blocks.append(Block(req.next_start, init_ids=self.mask_row, gate=gate,
-                                known=4 if gate else 0))
+        req.blocks.append(Block(req.next_start, init_ids=self.mask_row, gate=gate))
         self.gated += gate != 0
         req.next_start += self.k
         self.num_rows += 1
@@ -115,7 +114,6 @@ class ResidentBatch:
         """A readout showed the gated block open (the device opened it in that step)."""
         assert block.gate
         block.gate = 0
-        block.known &= ~4
         self.gated -= 1
 
     def retire(self, req: DeviceReq, count: int) -> list[Block]:
@@ -293,13 +291,11 @@ class ResidentBatch:
 
     def _params(self, reqs: list[DeviceReq]) -> np.ndarray:
         """(P, B) per-request values of the algorithm's request_params (defaults where unset)."""
-        out = np.empty((len(self.storage.defaults), len(reqs)), dtype=self.storage.defaults.dtype)
-        out[:] = self.storage.defaults[:, None]
+        out = np.repeat(self.storage.defaults[:, None], len(reqs), axis=1)
         for b, r in enumerate(reqs):
-            if r.settings.params:  # (most requests set none)
-                for i, name in enumerate(self.algo.request_params):
-                    if name in r.settings.params:
-                        out[i, b] = r.settings.params[name]
+            for i, name in enumerate(self.algo.request_params):
+                if name in r.settings.params:
+                    out[i, b] = r.settings.params[name]
         return out
 
     def waiting(self, block: Block) -> bool:

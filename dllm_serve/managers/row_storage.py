@@ -132,9 +132,7 @@ class RowStorage:
         states = states or [None] * j
         # state written now, not by the inbox: a resumed block's own, and every fresh state of
         # an algorithm whose state init may not be captured in a graph
-        carried = ([] if self.algo.graph_safe and states.count(None) == j  # (the common case)
-                   else [i for i, s in enumerate(states)
-                         if s is not None or not self.algo.graph_safe])
+        carried = [i for i, s in enumerate(states) if s is not None or not self.algo.graph_safe]
         rec[:, 4] = 0
         if ids is not None and j:
             rec[:j, 4] = HAS_IDS | FRESH_STATE

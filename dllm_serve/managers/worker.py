@@ -33,7 +33,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter
 
 import numpy as np
 import torch
@@ -70,10 +69,6 @@ logger = logging.getLogger(__name__)
 REPORT_EVERY_S = 0.02  # counters reach the scheduler at least this often while busy
 CONVERGED, READY, BAD, EDITS, GATED = (FLAGS.index(f) for f in ("converged", "ready", "bad",
                                                                  "edits", "gated"))
-# a readout row's flags as Block.known weighs them: (len(FLAGS),) int64
-KNOWN_WEIGHTS = np.zeros(len(FLAGS), dtype=np.int64)
-KNOWN_WEIGHTS[[CONVERGED, READY, GATED]] = 1, 2, 4
-_KNOWN = attrgetter("known")
 
 
 @dataclass
@@ -316,17 +311,19 @@ class Worker:
         """The rows a readout `data` (N, K + 6) says something new about: bad, at the step
         bound, or flags (converged, ready, gated) that differ from what the host knows of their
         blocks (refreshing any other live row changes nothing)."""
-        rows = launch.layout.rows
-        flags = data[:, self.k:] > 0  # (N, len(FLAGS))
-        notable = flags[:, BAD] | (launch.steps >= self.max_steps)
+        k, rows, n = self.k, launch.layout.rows, len(launch.layout.rows)
+        notable = (data[:, k + BAD] > 0) | (launch.steps >= self.max_steps)
         if self.mode.fdfo and not self.spec.wavefront and not self.gate:  # a block leaves on
-            notable |= flags[:, CONVERGED]  # the readout that finds it converged
+            notable |= data[:, k + CONVERGED] > 0  # the readout that finds it converged
             return notable.nonzero()[0].tolist()  # (np.flatnonzero: twice the time)
         # blocks stay converged (sync waits for the batch, a wavefront retires in order); ready
         # reads 0 with W = 1, gated 0 where the host knows the row open (it opened before the
         # host cleared its gate): every flag compared in one pass over the rows
-        seen = flags.view(np.int8) @ KNOWN_WEIGHTS  # as Block.known: the readout's flags
-        notable |= seen != np.fromiter(map(_KNOWN, rows), np.int64, len(rows))
+        seen = ((data[:, k + CONVERGED] > 0) + 2 * (data[:, k + READY] > 0)
+                + 4 * (data[:, k + GATED] > 0))
+        known = np.fromiter((b.converged + 2 * b.ready + 4 * (b.gate != 0) for b in rows),
+                            np.int64, n)
+        notable |= seen != known
         return notable.nonzero()[0].tolist()
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
@@ -343,7 +340,6 @@ class Worker:
             block.ids, block.edits = row[:k].copy(), int(row[k + EDITS])
         block.converged = converged
         block.ready = bool(row[k + READY])  # a waiting (gated) row reads 0
-        block.known = converged + 2 * block.ready + 4 * (block.gate != 0)
         if (converged or block.ready) and self.mode.fdfo:
             self.flow.flag(req)
         if row[k + BAD]:
