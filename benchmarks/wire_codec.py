@@ -5,7 +5,8 @@ forward), on this machine's CPU.
 
 Messages: a WorkerReport with R retired blocks of 32 tokens (the worker sends one after most
 FDFO forwards), a WorkerBatch admitting one request (its pages, its first block, its settings),
-a WorkerBatch of one Release, the scheduler's BatchOutput of 8 requests' outputs (one per
+a WorkerBatch of one Release, a WorkerBatch admitting 8 requests and releasing 8 (a busy FDFO
+round's), the scheduler's BatchOutput of 8 requests' outputs (one per
 committed block) and a front's GenerateReq. Reported per message: microseconds to encode and
 to decode (best of 3 passes of --iters each) and the encoded size.
 """
@@ -44,7 +45,12 @@ def examples(retired: int) -> dict[str, object]:
                                          [0, 0] if i % 2 == 0 else []) for i in range(8)])
     request = m.GenerateReq("req-0", np.arange(90, dtype=np.int64),
                             SamplingParams(max_new_tokens=64), 1.0)
+    admit8 = m.WorkerBatch([item for i in range(8) for item in (
+        m.AddPages(i, 0, np.arange(7 * i, 7 * i + 7, dtype=np.int64)),
+        m.Admit(12 + i, i, 96, np.full((1, K), 5, np.int64), [None], [0], settings))]
+        + [m.Release(4 + i) for i in range(8)])
     return {f"report, {retired} retired": report, "batch: admit one request": admit,
+            "batch: admit 8, release 8": admit8,
             "batch: one release": m.WorkerBatch([m.Release(12)]),
             "outputs of 8 requests": outputs, "a request (90 prompt tokens)": request}
 

@@ -34,7 +34,14 @@ EXAMPLES: list[object] = [
     m.Admit(4, 3, 32, np.zeros((2, 32), np.int64), [None, {"finished": np.array(True)}],
             [0, 2], SETTINGS),
     m.Release(4), m.Preempt(4),
-    m.WorkerBatch([m.Release(1), m.AddPages(0, 0, np.array([1]))]), m.Shutdown(),
+    m.WorkerBatch([m.Release(1), m.AddPages(0, 0, np.array([1]))]),
+    m.WorkerBatch([  # packed: every kind of item, in order
+        m.AddPages(3, 0, np.array([9, 4])), m.Prefill([3], [0], [IDS]),
+        m.Admit(4, 3, 32, np.arange(64).reshape(2, 32), [None, {"age": np.array(2)}], [0, 2],
+                SETTINGS),
+        m.AddPages(5, 2, np.zeros(0, np.int64)), m.Release(2), m.Preempt(4),
+        m.Admit(6, 5, 0, np.ones((1, 32), np.int64), [None], [0], m.ReqSettings(3, 32))]),
+    m.WorkerBatch([]), m.Shutdown(),
     m.WorkerReady(100, 32, {"x": 1}), RETIRED,
     m.Preempted(4, 32, np.zeros((1, 32), np.int64), [{"age": np.array(2)}], [2], 9),
     m.Failed(4, "non-finite logits"),
@@ -68,7 +75,11 @@ def test_decoded_arrays_are_writable() -> None:
     read-only one, e.g. when the worker copies a page list into the CPU page table)."""
     admit, pages = (m.decode(m.encode(next(x for x in EXAMPLES if isinstance(x, kind))))
                     for kind in (m.Admit, m.AddPages))
-    for a in (admit.blocks, admit.settings.stop_ids, pages.pages):
+    batch = m.decode(m.encode(m.WorkerBatch([m.AddPages(0, 0, np.array([1, 2])), m.Admit(
+        1, 0, 0, np.zeros((1, 32), np.int64), [None], [0], SETTINGS)])))
+    packed_pages, packed_admit = batch.items
+    for a in (admit.blocks, admit.settings.stop_ids, pages.pages, packed_pages.pages,
+              packed_admit.blocks, packed_admit.settings.stop_ids):
         assert a.flags.writeable
 
 

@@ -166,19 +166,6 @@ class ReqSettings:
     top_k: int = -1  # -1: off
     min_p: float = 0.0
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled as its values, the stop ids as raw bytes (see `_ints`)."""
-        return _unpack_settings, (self.prompt_len, self.max_end, self.temperature, self.top_p,
-                                  self.seed, self.params, _raw(self.stop_ids), self.top_k,
-                                  self.min_p)
-
-
-def _unpack_settings(prompt_len: int, max_end: int, temperature: float, top_p: float, seed: int,
-                     params: dict[str, float], stop_ids: bytes, top_k: int,
-                     min_p: float) -> ReqSettings:
-    return ReqSettings(prompt_len, max_end, temperature, top_p, seed, params,
-                       _ints(stop_ids, (-1,)), top_k, min_p)
-
 
 @dataclass
 class AddPages:
@@ -187,13 +174,6 @@ class AddPages:
     slot: int
     first: int
     pages: np.ndarray  # (n,) int64
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _unpack_pages, (self.slot, self.first, _raw(self.pages))
-
-
-def _unpack_pages(slot: int, first: int, pages: bytes) -> AddPages:
-    return AddPages(slot, first, _ints(pages, (-1,)))
 
 
 @dataclass
@@ -219,16 +199,6 @@ class Admit:
     block_steps: list[int]
     settings: ReqSettings
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _unpack_admit, (self.uid, self.slot, self.first_start, _raw(self.blocks),
-                               self.blocks.shape, self.states, self.block_steps, self.settings)
-
-
-def _unpack_admit(uid: int, slot: int, first_start: int, blocks: bytes, shape: tuple[int, int],
-                  states: list[RowState | None], block_steps: list[int],
-                  settings: ReqSettings) -> Admit:
-    return Admit(uid, slot, first_start, _ints(blocks, shape), states, block_steps, settings)
-
 
 @dataclass
 class Release:
@@ -252,6 +222,14 @@ class WorkerBatch:
     """The scheduler's changes of one loop iteration, applied by the worker in order."""
 
     items: list[WorkItem]
+
+    def __reduce__(self) -> tuple[Any, tuple[list[Any], bytes]]:
+        """Pickled packed (`_pack_items`): the items' int arrays (pages, blocks, stop ids) in
+        one raw int64 buffer, each AddPages / Admit / Release a tuple of scalars with its
+        arrays' offsets there; the worker's items get views of the one array made from it.
+        Pickled one by one, each array cost a decode of its own (a batch admitting 8
+        requests: `python benchmarks/wire_codec.py`)."""
+        return _unpack_batch, _pack_items(self.items)
 
 
 @dataclass
@@ -349,6 +327,60 @@ MESSAGE_TYPES: tuple[type, ...] = (
     FlushCacheResp, Ready, Fatal, ReqSettings, AddPages, Prefill, Admit, Release, Preempt,
     WorkerBatch, Shutdown, WorkerReady, Retired, Preempted, Failed, WorkerReport, WorkerFailed,
 )
+
+
+_PAGES, _ADMIT, _RELEASE = 0, 1, 2  # WorkerBatch's packed records (Prefill, Preempt: as is)
+
+
+def _pack_items(items: list[WorkItem]) -> tuple[list[Any], bytes]:
+    """(records, raw int64 buffer): per item a tuple (kind, scalars..., offsets into the
+    buffer) where it has arrays, else the item itself."""
+    parts: list[np.ndarray] = []
+    at = 0
+
+    def put(a: np.ndarray) -> int:  # a's values appended to the buffer: their offset
+        nonlocal at
+        parts.append(a.reshape(-1))
+        at += a.size
+        return at - a.size
+
+    records: list[Any] = []
+    for item in items:
+        if isinstance(item, AddPages):
+            records.append((_PAGES, item.slot, item.first, put(item.pages), len(item.pages)))
+        elif isinstance(item, Admit):
+            st = item.settings
+            n, k = item.blocks.shape
+            records.append((_ADMIT, item.uid, item.slot, item.first_start, put(item.blocks), n,
+                            k, item.states, item.block_steps, st.prompt_len, st.max_end,
+                            st.temperature, st.top_p, st.seed, st.params, put(st.stop_ids),
+                            len(st.stop_ids), st.top_k, st.min_p))
+        elif isinstance(item, Release):
+            records.append((_RELEASE, item.uid))
+        else:
+            records.append(item)
+    return records, (_raw(np.concatenate(parts)) if parts else b"")
+
+
+def _unpack_batch(records: list[Any], data: bytes) -> WorkerBatch:
+    flat = _ints(data, (-1,))  # every item's arrays are views of this one (writable) array
+    items: list[WorkItem] = []
+    for r in records:
+        if type(r) is not tuple:
+            items.append(r)
+        elif r[0] == _PAGES:
+            _, slot, first, at, n = r
+            items.append(AddPages(slot, first, flat[at:at + n]))
+        elif r[0] == _ADMIT:
+            (_, uid, slot, first_start, at, n, k, states, block_steps, prompt_len, max_end,
+             temperature, top_p, seed, params, stop_at, stops, top_k, min_p) = r
+            items.append(Admit(uid, slot, first_start, flat[at:at + n * k].reshape(n, k),
+                               states, block_steps, ReqSettings(
+                                   prompt_len, max_end, temperature, top_p, seed, params,
+                                   flat[stop_at:stop_at + stops], top_k, min_p)))
+        else:
+            items.append(Release(r[1]))
+    return WorkerBatch(items)
 
 
 def _raw(a: np.ndarray) -> bytes:
