@@ -6,9 +6,9 @@ forward), on this machine's CPU.
 Messages: a WorkerReport with R retired blocks of 32 tokens (the worker sends one after most
 FDFO forwards), a WorkerBatch admitting one request (its pages, its first block, its settings),
 a WorkerBatch of one Release, a WorkerBatch admitting 8 requests and releasing 8 (a busy FDFO
-round's), the scheduler's BatchOutput of 8 requests' outputs (one per
-committed block) and a front's GenerateReq. Reported per message: microseconds to encode and
-to decode (best of 3 passes of --iters each) and the encoded size.
+round's), one prefilling 8 prompts of 96 tokens, the scheduler's BatchOutput of 8 requests'
+outputs (one per committed block) and a front's GenerateReq. Reported per message:
+microseconds to encode and to decode (best of 3 passes of --iters each) and the encoded size.
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ def examples(retired: int) -> dict[str, object]:
         + [m.Release(4 + i) for i in range(8)])
     return {f"report, {retired} retired": report, "batch: admit one request": admit,
             "batch: admit 8, release 8": admit8,
+            "batch: prefill of 8 prompts": m.WorkerBatch([m.Prefill(
+                list(range(8)), [0] * 8, [np.arange(96 * i, 96 * i + 96, dtype=np.int64)
+                                          for i in range(8)])]),
             "batch: one release": m.WorkerBatch([m.Release(12)]),
             "outputs of 8 requests": outputs, "a request (90 prompt tokens)": request}
 

@@ -224,9 +224,10 @@ class WorkerBatch:
     items: list[WorkItem]
 
     def __reduce__(self) -> tuple[Any, tuple[list[Any], bytes]]:
-        """Pickled packed (`_pack_items`): the items' int arrays (pages, blocks, stop ids) in
-        one raw int64 buffer, each AddPages / Admit / Release a tuple of scalars with its
-        arrays' offsets there; the worker's items get views of the one array made from it.
+        """Pickled packed (`_pack_items`): the items' int arrays (pages, blocks, stop ids,
+        prompt tokens) in one raw int64 buffer, each AddPages / Admit / Prefill / Release a
+        tuple of scalars with its arrays' offsets there; the worker's items get views of the
+        one array made from it.
         Pickled one by one, each array cost a decode of its own (a batch admitting 8
         requests: `python benchmarks/wire_codec.py`)."""
         return _unpack_batch, _pack_items(self.items)
@@ -329,7 +330,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
 )
 
 
-_PAGES, _ADMIT, _RELEASE = 0, 1, 2  # WorkerBatch's packed records (Prefill, Preempt: as is)
+_PAGES, _ADMIT, _RELEASE, _PREFILL = 0, 1, 2, 3  # WorkerBatch's packed records (Preempt: as is)
 
 
 def _pack_items(items: list[WorkItem]) -> tuple[list[Any], bytes]:
@@ -357,6 +358,9 @@ def _pack_items(items: list[WorkItem]) -> tuple[list[Any], bytes]:
                             len(st.stop_ids), st.top_k, st.min_p))
         elif isinstance(item, Release):
             records.append((_RELEASE, item.uid))
+        elif isinstance(item, Prefill):
+            records.append((_PREFILL, item.slots, item.seg_starts,
+                            [(put(t), len(t)) for t in item.token_ids]))
         else:
             records.append(item)
     return records, (_raw(np.concatenate(parts)) if parts else b"")
@@ -378,6 +382,9 @@ def _unpack_batch(records: list[Any], data: bytes) -> WorkerBatch:
                                states, block_steps, ReqSettings(
                                    prompt_len, max_end, temperature, top_p, seed, params,
                                    flat[stop_at:stop_at + stops], top_k, min_p)))
+        elif r[0] == _PREFILL:
+            _, slots, seg_starts, segments = r
+            items.append(Prefill(slots, seg_starts, [flat[at:at + n] for at, n in segments]))
         else:
             items.append(Release(r[1]))
     return WorkerBatch(items)
