@@ -45,6 +45,7 @@ class BlockFlow:
         self.arm_forwards = mode.wavefront.arm_forwards  # inf: always armed
         self.block_forwards = 0.0  # retired blocks' forwards, a moving average
         self.window = mode.rows_per_request  # most blocks a request holds, a gated one too
+        self.spawn_below = mode.wavefront.size  # a ready frontier spawns behind it below W
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
@@ -187,19 +188,19 @@ class BlockFlow:
         return bool(req.blocks) and not req.blocks[-1].gate and len(req.blocks) < self.window
 
     def _candidate(self, req: DeviceReq) -> bool:
-        """Something can happen to the request in advance: its leftmost block converged or its
-        frontier is ready, or (gated) a block may be placed behind its frontier."""
-        return _candidate(req) or (self.placing and self._has_room(req))
+        """Something can happen to the request in advance: its leftmost block converged, its
+        frontier is ready with room behind it in the wavefront (plan's spawn: fewer than W
+        blocks; a ready frontier in a full window waits for the leftmost block, whose
+        convergence flags the request again), or (gated) a block may be placed behind its
+        frontier. A request kept flagged for nothing is planned again after every forward."""
+        blocks = req.blocks
+        return bool(blocks) and (blocks[0].converged
+                                 or (blocks[-1].ready and len(blocks) < self.spawn_below)
+                                 or (self.placing and self._has_room(req)))
 
     def _can_open(self, req: DeviceReq) -> bool:
         end = req.next_start + self.k
         return end <= req.settings.max_end and end <= self.mapped.get(req.slot, 0)
-
-
-def _candidate(req: DeviceReq) -> bool:
-    """Something can happen to the request in advance: its leftmost block converged or its
-    frontier is ready."""
-    return bool(req.blocks) and (req.blocks[0].converged or req.blocks[-1].ready)
 
 
 def _leading(blocks: list[Block]) -> int:
