@@ -100,7 +100,7 @@ class BlockFlow:
         else:
             active = [r for r in self.batch.reqs.values() if r.blocks]
             done = bool(active) and all(r.blocks[0].converged for r in active)
-            cands = active if done else [r for r in active if r.blocks[-1].ready
+            cands = active if done else [r for r in active if self._spawns(r)
                                          or (self.placing and self._has_room(r))]
         if not cands:
             self.flagged.clear()
@@ -194,9 +194,13 @@ class BlockFlow:
         convergence flags the request again), or (gated) a block may be placed behind its
         frontier. A request kept flagged for nothing is planned again after every forward."""
         blocks = req.blocks
-        return bool(blocks) and (blocks[0].converged
-                                 or (blocks[-1].ready and len(blocks) < self.spawn_below)
+        return bool(blocks) and (blocks[0].converged or self._spawns(req)
                                  or (self.placing and self._has_room(req)))
+
+    def _spawns(self, req: DeviceReq) -> bool:
+        """Its frontier is ready with room behind it: plan may open the next block (FDFO and
+        sync alike; the request has a block)."""
+        return req.blocks[-1].ready and len(req.blocks) < self.spawn_below
 
     def _can_open(self, req: DeviceReq) -> bool:
         end = req.next_start + self.k
