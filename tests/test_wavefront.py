@@ -49,19 +49,19 @@ def test_plan_fdfo_retires_leading_converged_and_opens_next() -> None:
     # request 0: 2 blocks, the first converged; 1: 1 block converged; 2: 2 blocks, none
     p = plan(mode, np.array([1, 1, 0]), np.array([2, 1, 2]), np.array([True, False, True]),
              np.array([True, True, True]))
-    assert p.retire.tolist() == [1, 1, 0]
+    assert p.retire == [1, 1, 0]
     # 0: window 1 < W with a ready frontier spawns; 1: empty window opens; 2: window full
-    assert p.open.tolist() == [True, True, False]
+    assert p.open == [True, True, False]
     p = plan(mode, np.array([1]), np.array([1]), np.array([True]), np.array([False]))
-    assert p.retire.tolist() == [1] and not p.open.any()  # no room: nothing opens
+    assert p.retire == [1] and not any(p.open)  # no room: nothing opens
 
 
 def test_plan_sync_waits_for_the_whole_batch() -> None:
     mode = RoundMode(fdfo=False)
     p = plan(mode, np.array([1, 0]), np.array([1, 1]), np.zeros(2, bool), np.ones(2, bool))
-    assert p.retire.tolist() == [0, 0] and not p.boundary and not p.open.any()
+    assert p.retire == [0, 0] and not p.boundary and not any(p.open)
     p = plan(mode, np.array([1, 1]), np.array([1, 1]), np.zeros(2, bool), np.ones(2, bool))
-    assert p.retire.tolist() == [1, 1] and p.boundary and p.open.all()
+    assert p.retire == [1, 1] and p.boundary and all(p.open)
 
 
 def test_plan_lockstep_spawns_all_together() -> None:
@@ -69,9 +69,9 @@ def test_plan_lockstep_spawns_all_together() -> None:
     none = np.zeros(3, dtype=np.int64)
     ones = np.ones(3, dtype=np.int64)
     p = plan(mode, none, ones, np.array([True, False, True]), np.ones(3, bool))
-    assert not p.open.any()
+    assert not any(p.open)
     p = plan(mode, none, ones, np.array([True, True, True]), np.ones(3, bool))
-    assert p.open.all()
+    assert all(p.open)
 
 
 def make_batch(rows: list[list[int]], num_blocks: list[int]) -> DenoiseBatch:

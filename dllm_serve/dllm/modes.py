@@ -15,9 +15,8 @@ its final left context.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from dllm_serve.dllm.wavefront import CONVERGED, READY, WavefrontConfig
 
@@ -51,31 +50,33 @@ class Plan:
     """Per request: retire[b] leading blocks leave now; open[b] one new block opens after the
     request's frontier (its window is empty, or its ready frontier spawns)."""
 
-    retire: np.ndarray  # (B,) int64
-    open: np.ndarray  # (B,) bool
+    retire: list[int]  # (B,)
+    open: list[bool]  # (B,)
     boundary: bool  # sync: the whole batch retired (new requests may join)
 
 
-def plan(mode: RoundMode, leading: np.ndarray, num_blocks: np.ndarray, frontier_ready: np.ndarray,
-         can_open: np.ndarray, batch_done: bool | None = None) -> Plan:
+def plan(mode: RoundMode, leading: Sequence[int], num_blocks: Sequence[int],
+         frontier_ready: Sequence[bool], can_open: Sequence[bool],
+         batch_done: bool | None = None) -> Plan:
     """leading (B,): converged blocks at the start of each request's window; num_blocks (B,);
     frontier_ready (B,): the frontier block is ready to spawn; can_open (B,): a block after the
     frontier fits (pages mapped, below max_end) and the request goes on. batch_done (sync):
     every request of the batch has a converged leftmost block (default: judged from these B
-    requests, when they are the whole batch)."""
+    requests, when they are the whole batch). Plain Python over the B requests: B is the few
+    requests a readout changed, where numpy's per-call cost is several times the work."""
     if batch_done is None:
-        batch_done = bool(len(leading)) and bool((leading > 0).all())
-    if mode.fdfo:
-        retire, boundary = leading.copy(), False
+        batch_done = len(leading) > 0 and all(n > 0 for n in leading)
+    boundary = not mode.fdfo and batch_done
+    retire = [int(n) for n in leading] if mode.fdfo or boundary else [0] * len(leading)
+    size = mode.wavefront.size
+    left = [int(n) - r for n, r in zip(num_blocks, retire, strict=True)]
+    # a window with room behind a live frontier, where a next block fits
+    room = [0 < n < size and bool(c) for n, c in zip(left, can_open, strict=True)]
+    if mode.wavefront.lockstep:  # all that may spawn are ready, or none spawns
+        go = any(room) and all(r for r, e in zip(frontier_ready, room, strict=True) if e)
+        spawn = [e and go for e in room]
     else:
-        boundary = batch_done
-        retire = leading.copy() if boundary else np.zeros_like(leading)
-    left = num_blocks - retire
-    empty = (left == 0) & can_open
-    wf = mode.wavefront
-    spawn = (left > 0) & (left < wf.size) & frontier_ready & can_open
-    if wf.lockstep:
-        eligible = (left > 0) & (left < wf.size) & can_open
-        go = bool(eligible.any()) and bool(frontier_ready[eligible].all())
-        spawn = eligible & go
-    return Plan(retire, empty | spawn, boundary)
+        spawn = [e and bool(r) for e, r in zip(room, frontier_ready, strict=True)]
+    opens = [(n == 0 and bool(c)) or s
+             for n, c, s in zip(left, can_open, spawn, strict=True)]
+    return Plan(retire, opens, boundary)

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-import numpy as np
-
 from dllm_serve.dllm.modes import RoundMode, plan
 from dllm_serve.managers.batch_layout import Block, DeviceReq
 from dllm_serve.managers.resident_batch import ResidentBatch
@@ -106,15 +104,13 @@ class BlockFlow:
             self.flagged.clear()
             self.boundary |= not any_active
             return
-        # plan's inputs, one row per candidate: leading converged blocks, blocks, a ready
-        # frontier (a gated frontier reads False), room after it; one array, one pass
-        cols = np.array([(_leading(r.blocks), len(r.blocks), r.blocks[-1].ready,
-                          self._can_open(r)) for r in cands], dtype=np.int64)
-        p = plan(self.mode, cols[:, 0], cols[:, 1], cols[:, 2] > 0, cols[:, 3] > 0, done)
-        retire = p.retire.tolist()
-        if any(retire):
+        # plan's inputs, one per candidate: leading converged blocks, blocks, a ready
+        # frontier (a gated frontier reads False), room after it
+        p = plan(self.mode, [_leading(r.blocks) for r in cands], [len(r.blocks) for r in cands],
+                 [r.blocks[-1].ready for r in cands], [self._can_open(r) for r in cands], done)
+        if any(p.retire):
             self.report.msg.rounds += 1
-        for req, count, opens in zip(cands, retire, p.open.tolist(), strict=True):
+        for req, count, opens in zip(cands, p.retire, p.open, strict=True):
             if count and not self._retire(req, count):
                 continue
             if opens:
