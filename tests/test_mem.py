@@ -68,6 +68,9 @@ def test_page_writes_together_equal_one_by_one(device: str) -> None:
     assert _page_table_after(device, WRITES, True)[1][:3] == [40, 41, 42]
     assert (_page_table_after(device, WRITES[:1], True)
             == _page_table_after(device, WRITES[:1], False))
+    distinct = [WRITES[0], WRITES[1], WRITES[2]]  # one write a slot: no entry repeats
+    assert (_page_table_after(device, distinct, True)
+            == _page_table_after(device, distinct, False))
 
 
 def test_page_writes_past_the_table_are_refused() -> None:

@@ -50,9 +50,11 @@ class KVCache:
             flat.append(np.arange(slot * width + first, slot * width + end, dtype=np.int64))
             vals.append(np.asarray(pages, dtype=np.int64))
         index, value = np.concatenate(flat), np.concatenate(vals)
-        # the last write of each entry (a scatter with repeated indices keeps any one)
-        last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
-        both = to_device(np.stack([index[last], value[last]]), self.req_to_page.device)
+        if len({slot for slot, _, _ in writes}) < len(writes):  # entries may repeat: keep the
+            # last write of each (a scatter with repeated indices keeps any one)
+            last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
+            index, value = index[last], value[last]
+        both = to_device(np.stack([index, value]), self.req_to_page.device)
         self.req_to_page.view(-1).index_copy_(0, both[0], both[1])
 
     def _end(self, first: int, pages: np.ndarray) -> int:
