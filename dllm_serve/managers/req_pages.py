@@ -61,14 +61,20 @@ class ReqPages:
                                                                      dtype=np.int64)))
             req.mapped_pages = len(h.pages)
 
-    def cache(self, req: Req) -> None:
+    def cache(self, req: Req, added: np.ndarray | None = None) -> None:
         """Offer the request's newly final whole pages to the prefix cache: its committed
         positions whose tokens are known (a finished request's output may stop inside its
-        last block; the tokens past the stop are in the KV but not in output_ids)."""
+        last block; the tokens past the stop are in the KV but not in output_ids). added:
+        the output tokens the last commit appended (int64), where the pages' tokens are
+        sliced from when they all lie among them (no conversion of the output list)."""
         h = req.holding
         if self.alloc.tree is None or h is None:
             return
         start = self.alloc.cached_end(h)
-        end = min(req.committed_len, req.prompt_len + len(req.output_ids))
-        if end - start >= self.config.page_size:
-            self.alloc.cache(h, req.tokens(start, end))
+        out_end = req.prompt_len + len(req.output_ids)
+        end = min(req.committed_len, out_end)
+        if end - start < self.config.page_size:
+            return
+        first = out_end - (0 if added is None else len(added))  # position of added[0]
+        self.alloc.cache(h, req.tokens(start, end) if added is None or start < first
+                         else added[start - first:end - first])

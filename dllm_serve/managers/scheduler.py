@@ -284,7 +284,7 @@ class Scheduler:
         req.committed_len = req.block_end
         req.blocks += 1
         self.stats["committed_blocks"] += 1
-        self.pages.cache(req)
+        self.pages.cache(req, new)
         if req.finished:
             self._release(req)
         self.outbox.append(self._output(req, new))
