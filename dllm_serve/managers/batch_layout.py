@@ -34,9 +34,6 @@ class Block:
     edits: int = 0
     gate: int = 0  # it waits for its predecessor's flags (dllm/wavefront.py); 0 once open
     waited: int = 0  # forwards it had waiting (read back when it opened)
-    # its entry in ResidentBatch.known while it is in the layout (0: none: before it enters,
-    # after it leaves, and a hole's, whose entry reads 0)
-    bid: int = 0
 
 
 HOLE_SETTINGS = ReqSettings(prompt_len=0, max_end=0)  # greedy, defaults: what a hole steps with
@@ -121,9 +118,8 @@ COLUMN_FIELDS = ("slots", "first_starts", "temperatures", "top_ps", "seeds", "to
 class Layout:
     """The rows of the device tensors: blocks in row order and the request of each (a hole's
     placeholder for a hole); steps (N,) forwards each row has had (the batch's block_steps);
-    bids (N,) the rows' blocks' entries in the batch's `known` flags; ids (N, K) and state:
-    views of the storage rows [0, N). Invariant: rows[i].row == i and bids[i] ==
-    rows[i].bid for every real block, and holes lists (ascending) the rows held by a hole.
+    ids (N, K) and state: views of the storage rows [0, N). Invariant: rows[i].row == i for
+    every real block, and holes lists (ascending) the rows held by a hole.
 
     The per-row host `Columns` and the `DenoiseBatch` over them are made on first use only:
     the graph path of a greedy batch (the forward's metadata computed on the device from the
@@ -134,7 +130,6 @@ class Layout:
     reqs: list[DeviceReq]
     rows: list[Block]
     steps: np.ndarray
-    bids: np.ndarray  # (N,) each row's Block.bid (0: a hole): its flags, ResidentBatch.known
     ids: torch.Tensor
     state: State | None
     holes: list[int]

@@ -81,14 +81,6 @@ class ResidentBatch:
         self.admitted = 0  # requests added so far (DeviceReq.seq)
         self.sampling = 0  # requests in the layout that sample (temperature > 0)
         self.gated = 0  # live blocks placed gated that no readout has shown open yet
-        # the flags the host knows of each block in the layout, by Block.bid: converged + 2 *
-        # ready + 4 * gated (what the worker compares each readout with, as one gather over
-        # a layout's bids). Entry 0 is a hole's and reads 0; a block takes a free entry when
-        # it enters the layout and gives it back when it leaves (a dead row of a layout still
-        # in flight may then read another block's flags: the worker skips dead rows)
-        self.known = np.zeros(64, dtype=np.int64)
-        self.free_bids: list[int] = []
-        self.next_bid = 1
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -208,10 +200,6 @@ class ResidentBatch:
         steps = np.zeros(len(rows), dtype=np.int64)
         steps[:len(old.rows)] = old.steps
         steps[placed] = [b.init_steps for _, b in entrants]
-        bids = np.zeros(len(rows), dtype=np.int64)
-        bids[:len(old.rows)] = old.bids
-        bids[leaving] = 0
-        bids[placed] = self._enter_flags([b for _, b in entrants])
         targets: list[int] = []
         sources: list[int] = []
         n = len(rows)
@@ -220,9 +208,9 @@ class ResidentBatch:
             sources = [i for i in range(n, len(rows)) if not reqs[i].hole]
             targets, holes = [h for h in holes if h < n], []
             for t, src in zip(targets, sources, strict=True):
-                reqs[t], rows[t], steps[t], bids[t] = reqs[src], rows[src], steps[src], bids[src]
+                reqs[t], rows[t], steps[t] = reqs[src], rows[src], steps[src]
         del reqs[n:], rows[n:]
-        steps, bids = steps[:n], bids[:n]
+        steps = steps[:n]
         # rows that now hold no request get a hole's metadata (no request key), unless they
         # already did; then the layout's bookkeeping
         freed = sorted(i for i in {*leaving, *sources}
@@ -230,8 +218,8 @@ class ResidentBatch:
         self._stage(placed, entrants, targets, sources, freed, reqs, rows)
         self._bookkeep(old, entrants, rows, placed, targets)
         ids, state = self.storage.views(len(rows))
-        return Layout(reqs, rows, steps, bids, ids, state, holes, self.sampling > 0,
-                      self._batch, old._cols, leaving + placed + targets)
+        return Layout(reqs, rows, steps, ids, state, holes, self.sampling > 0, self._batch,
+                      old._cols, leaving + placed + targets)
 
     def _costly(self, total: int, holes: int) -> bool:
         """Whether `holes` of `total` rows cost enough to close: a larger bucket than the
@@ -241,24 +229,6 @@ class ResidentBatch:
         if self.buckets is None or holes > total // 4:
             return True
         return pick_bucket(total, self.buckets) != pick_bucket(total - holes, self.buckets)
-
-    def _enter_flags(self, blocks: list[Block]) -> list[int]:
-        """Give the entering blocks their `known` entries; returns their bids."""
-        bids = []
-        for b in blocks:
-            if self.free_bids:
-                b.bid = self.free_bids.pop()
-            else:
-                b.bid, self.next_bid = self.next_bid, self.next_bid + 1
-                if b.bid >= len(self.known):
-                    self.known = np.concatenate([self.known, np.zeros_like(self.known)])
-            self.know(b)
-            bids.append(b.bid)
-        return bids
-
-    def know(self, block: Block) -> None:
-        """The host learnt the block's flags (converged, ready, gate): keep them in `known`."""
-        self.known[block.bid] = block.converged + 2 * block.ready + 4 * (block.gate != 0)
 
     def _stage(self, placed: list[int], entrants: list[tuple[DeviceReq, Block]],
                targets: list[int], sources: list[int], freed: list[int],
@@ -286,9 +256,6 @@ class ResidentBatch:
         requests' params are written."""
         for b in self.gone:
             b.row = -1
-            if b.bid:
-                self.free_bids.append(b.bid)
-                b.bid = 0
         for i, (_, b) in zip(placed, entrants, strict=True):
             b.row, b.init_ids, b.init_state = i, None, None
         for t in targets:
@@ -305,8 +272,8 @@ class ResidentBatch:
 
     def _empty(self) -> Layout:
         ids, state = self.storage.views(0)
-        none = np.zeros(0, dtype=np.int64)
-        return Layout([], [], none, none, ids, state, [], False, self._batch, Columns.of([], []))
+        return Layout([], [], np.zeros(0, dtype=np.int64), ids, state, [], False, self._batch,
+                      Columns.of([], []))
 
     def _batch(self, cols: Columns, steps: np.ndarray) -> DenoiseBatch:
         """The DenoiseBatch of rows [0, N) laid out as `cols` says (it shares their lists:

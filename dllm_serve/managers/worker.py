@@ -311,7 +311,7 @@ class Worker:
         """The rows a readout `data` (N, K + 6) says something new about: bad, at the step
         bound, or flags (converged, ready, gated) that differ from what the host knows of their
         blocks (refreshing any other live row changes nothing)."""
-        k = self.k
+        k, rows, n = self.k, launch.layout.rows, len(launch.layout.rows)
         notable = (data[:, k + BAD] > 0) | (launch.steps >= self.max_steps)
         if self.mode.fdfo and not self.spec.wavefront and not self.gate:  # a block leaves on
             notable |= data[:, k + CONVERGED] > 0  # the readout that finds it converged
@@ -321,7 +321,9 @@ class Worker:
         # host cleared its gate): every flag compared in one pass over the rows
         seen = ((data[:, k + CONVERGED] > 0) + 2 * (data[:, k + READY] > 0)
                 + 4 * (data[:, k + GATED] > 0))
-        notable |= seen != self.batch.known[launch.layout.bids]
+        known = np.fromiter((b.converged + 2 * b.ready + 4 * (b.gate != 0) for b in rows),
+                            np.int64, n)
+        notable |= seen != known
         return notable.nonzero()[0].tolist()
 
     def _refresh(self, block: Block, req: DeviceReq, row: np.ndarray, steps: int) -> None:
@@ -338,7 +340,6 @@ class Worker:
             block.ids, block.edits = row[:k].copy(), int(row[k + EDITS])
         block.converged = converged
         block.ready = bool(row[k + READY])  # a waiting (gated) row reads 0
-        self.batch.know(block)
         if (converged or block.ready) and self.mode.fdfo:
             self.flow.flag(req)
         if row[k + BAD]:
