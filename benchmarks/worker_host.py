@@ -9,8 +9,11 @@ forward costs when requests join and leave every few forwards.
         --wavefront 2 --gated
         # the held-out problems' shape (~3 forwards a block, short answers), W = 2 as on CUDA,
         # a pool that never evicts (as a GPU's)
+    python benchmarks/worker_host.py --messages ...     # + the messages through the wire codec
 
-The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU;
+The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU
+(with --messages their messages go through the wire codec as between the processes, each side's
+encoding and decoding in its own time; no sockets);
 the model is a stand-in whose forward returns zero logits (a 16-token vocabulary) after applying
 the worker's staged row writes (what a CUDA-graph forward needs from the host: its metadata is
 computed on the device from the rows); the algorithm is benchmarks/scheduled_denoise.py's
@@ -54,6 +57,13 @@ from benchmarks.scheduled_denoise import ScheduledConfig, ScheduledDenoise  # no
 from dllm_serve.dllm.modes import RoundMode  # noqa: E402
 from dllm_serve.dllm.wavefront import WavefrontConfig  # noqa: E402
 from dllm_serve.managers.finish import FinishChecker  # noqa: E402
+from dllm_serve.managers.messages import (  # noqa: E402
+    BatchOutput,
+    ReqOutput,
+    WorkerBatch,
+    decode,
+    encode,
+)
 from dllm_serve.managers.scheduler import Scheduler  # noqa: E402
 from dllm_serve.managers.scheduler_config import SchedulerConfig  # noqa: E402
 from dllm_serve.managers.worker import Worker  # noqa: E402
@@ -112,8 +122,11 @@ def engine(running: int, fdfo: bool, depth: int, wavefront: int = 1,
 
 def loaded(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
            seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
-           radix: bool = False, gated: bool = False, pages_per_slot: int = 16) -> LocalEngine:
+           radix: bool = False, gated: bool = False, pages_per_slot: int = 16,
+           messages: bool = False) -> LocalEngine:
     e = engine(running, fdfo, depth, wavefront, mean_forwards, radix, gated, pages_per_slot)
+    if messages:
+        wire(e)
     rng = np.random.default_rng(seed)
     for i in range(running * per_slot):
         prompt = rng.integers(16, 64, size=int(rng.integers(40, 120)))
@@ -170,12 +183,47 @@ def op_counts(*args: Any) -> dict[str, float]:
             "worker_ops_per_forward": (calls["worker"] + calls["layout"]) / forwards}
 
 
+def wire(e: LocalEngine) -> None:
+    """The processes' messages through the one codec (messages.encode / decode; not ZMQ's
+    sockets), each side's share in its own time: the scheduler encodes its batch of changes and
+    its outputs and decodes the worker's reports, the worker decodes the batch (and runs on the
+    decoded items) and encodes its report."""
+    sched, worker = e.sched, e.worker
+    take_items, take_outputs = sched.take_worker_items, sched.take_outputs
+    on_report, iterate = sched.on_report, worker.iterate
+    batches: list[bytes | None] = []
+    reports: list[bytes] = []
+
+    def coded_take_items() -> list[Any]:
+        items = take_items()
+        batches.append(encode(WorkerBatch(items)) if items else None)  # as scheduler_main
+        return items
+
+    def coded_iterate(_: list[Any]) -> Any:
+        batch = batches.pop()
+        report = iterate(decode(batch).items if batch is not None else [])
+        if report is not None:
+            reports.append(encode(report))
+        return report
+
+    def coded_take_outputs() -> list[Any]:
+        outputs = take_outputs()
+        if reqs := [o for o in outputs if isinstance(o, ReqOutput)]:
+            encode(BatchOutput(reqs))
+        return outputs
+
+    sched.take_worker_items = coded_take_items  # type: ignore[method-assign]
+    sched.take_outputs = coded_take_outputs  # type: ignore[method-assign]
+    sched.on_report = lambda _: on_report(decode(reports.pop()))  # type: ignore[method-assign]
+    worker.iterate = coded_iterate  # type: ignore[method-assign]
+
+
 def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int,
             seed: int, wavefront: int = 1, mean_forwards: float = 12.0,
             radix: bool = False, gated: bool = False,
-            pages_per_slot: int = 16) -> dict[str, Any]:
+            pages_per_slot: int = 16, messages: bool = False) -> dict[str, Any]:
     e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards,
-               radix, gated, pages_per_slot)
+               radix, gated, pages_per_slot, messages)
     worker_s = sched_s = step_s = 0.0
     iterate, trace = e.worker.iterate, e.worker._trace
 
@@ -259,7 +307,8 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     """One setting measured (under cProfile with --profile), its torch ops counted with
     --count-ops, printed."""
     args = (running, mode == "fdfo", ns.depth, ns.prompts_per_slot, ns.max_new_tokens, ns.seed,
-            ns.wavefront, ns.mean_forwards, ns.radix_cache, ns.gated, ns.pages_per_slot)
+            ns.wavefront, ns.mean_forwards, ns.radix_cache, ns.gated, ns.pages_per_slot,
+            ns.messages)
     if ns.profile:
         import cProfile
 
@@ -298,6 +347,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="gated spawning (W > 1) / standby (W = 1)")
     ap.add_argument("--radix-cache", action="store_true",
                     help="the scheduler with the radix prefix cache on (as served by default)")
+    ap.add_argument("--messages", action="store_true",
+                    help="the scheduler's and the worker's messages through the wire codec, "
+                         "as between the processes (encode / decode; no sockets)")
     ap.add_argument("--prompts-per-slot", type=int, default=4)
     ap.add_argument("--pages-per-slot", type=int, default=16,
                     help="KV pages per running slot (the default fills the radix cache, which "

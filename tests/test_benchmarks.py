@@ -551,3 +551,25 @@ def test_front_tokenize_benchmark(tmp_path: Path) -> None:
     saved = json.loads(out.read_text())
     assert saved["one_by_one_ms"] == got["one_by_one_ms"] > 0
     assert saved["batch_ms"] == got["batch_ms"] > 0
+
+
+def test_worker_host_messages_go_through_the_codec_and_change_nothing() -> None:
+    """--messages: the scheduler's batches, the worker's reports and the outputs go through
+    the wire codec (the worker runs on the decoded items, the scheduler on the decoded
+    report), and the run is the same one: the same forwards, blocks and tokens."""
+    from benchmarks import worker_host
+
+    runs = {}
+    for messages in (False, True):
+        e = worker_host.loaded(4, True, 1, 4, 64, 0, 2, 3.0, True, True, 1000, messages)
+        applied: list[Any] = []  # the item lists the worker applied
+        e.worker.apply_all = counted(e.worker.apply_all, applied)  # type: ignore[method-assign]
+        while e.step():
+            pass
+        sent = {id(x) for x in e.sent}  # the scheduler's own items
+        admits = [x for items in applied for x in items if type(x).__name__ == "Admit"]
+        assert len(admits) == 16 and all((id(x) in sent) != messages for x in admits)
+        runs[messages] = ({rid: e.tokens(rid) for rid in e.outputs},
+                          sum(r.forwards for r in e.reports), e.sched.stats["committed_blocks"])
+        assert sum(1 for o in e.outputs.values() if o and o[-1].finished) == 4 * 4
+    assert runs[True] == runs[False]

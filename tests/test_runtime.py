@@ -28,6 +28,9 @@ EXAMPLES: list[object] = [
     m.ReqOutput("r", IDS, True, {"type": "length", "length": 4}, 5, 4, 6, 5, 1, [3], [0]),
     m.BatchOutput([m.ReqOutput("r", IDS), m.ReqOutput("s", np.zeros(0, np.int64), True, {
         "type": "abort", "message": "gone", "status_code": 499})]),
+    m.BatchOutput([m.ReqOutput("t", IDS[:2], True, {"type": "stop", "matched": 2}, 5, 2, 3, 2,
+                               1, [2], [0]), m.ReqOutput("u", IDS, False)]),  # packed ids, in order
+    m.BatchOutput([]),
     m.InfoResp(7, {"a": 1}), m.Ready({"b": 2}),
     m.Fatal("boom"), SETTINGS, m.AddPages(3, 2, np.array([9, 4])),
     m.Prefill([0, 1], [0, 32], [IDS, IDS]),

@@ -114,6 +114,26 @@ def _unpack_output(rid: str, new_ids: bytes, *rest: Any) -> ReqOutput:
 class BatchOutput:
     outputs: list[ReqOutput]
 
+    def __reduce__(self) -> tuple[Any, tuple[list[tuple[Any, ...]], bytes]]:
+        """Pickled packed: every output's new ids in one raw int64 buffer, each output its
+        values in order with its ids' count (one buffer and one array decoded per batch, not
+        one per output; the scheduler sends a batch after each report, an output a block)."""
+        ids = [o.new_ids for o in self.outputs]
+        data = _raw(np.concatenate(ids)) if ids else b""
+        return _unpack_outputs, ([(o.rid, len(i), o.finished, o.finish_reason, o.prompt_tokens,
+                                   o.completion_tokens, o.forward_steps, o.denoise_steps,
+                                   o.blocks, o.block_forwards, o.block_edits)
+                                  for o, i in zip(self.outputs, ids, strict=True)], data)
+
+
+def _unpack_outputs(records: list[tuple[Any, ...]], data: bytes) -> BatchOutput:
+    flat = _ints(data, (-1,))  # each output's ids are a view of this one (writable) array
+    outputs, at = [], 0
+    for rid, n, *rest in records:
+        outputs.append(ReqOutput(rid, flat[at:at + n], *rest))
+        at += n
+    return BatchOutput(outputs)
+
 
 @dataclass
 class InfoResp:
