@@ -44,6 +44,14 @@ EXAMPLES: list[object] = [
                 SETTINGS),
         m.AddPages(5, 2, np.zeros(0, np.int64)), m.Release(2), m.Preempt(4),
         m.Admit(6, 5, 0, np.ones((1, 32), np.int64), [None], [0], m.ReqSettings(3, 32))]),
+    m.WorkerBatch([  # stop sets: none (its empty array's offset is the next block's), one
+        # array shared by two admissions (packed once), another
+        m.Admit(1, 0, 0, np.ones((1, 32), np.int64), [None], [0],
+                m.ReqSettings(3, 32, stop_ids=np.zeros(0, np.int64))),
+        *[m.Admit(uid, uid, 0, np.full((1, 32), uid), [None], [0], m.ReqSettings(
+            3, 64, stop_ids=SETTINGS.stop_ids)) for uid in (2, 3)],
+        m.Admit(4, 4, 32, np.zeros((1, 32), np.int64), [None], [1],
+                m.ReqSettings(5, 64, stop_ids=np.array([7])))]),
     m.WorkerBatch([]), m.Shutdown(),
     m.WorkerReady(100, 32, {"x": 1}), RETIRED,
     m.Preempted(4, 32, np.zeros((1, 32), np.int64), [{"age": np.array(2)}], [2], 9),

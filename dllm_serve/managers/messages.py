@@ -337,6 +337,13 @@ class WorkerReport:
     def has_results(self) -> bool:
         return bool(self.retired is not None or self.preempted or self.failed)
 
+    def __reduce__(self) -> tuple[type[WorkerReport], tuple[Any, ...]]:
+        """Pickled as its values in order (a dataclass pickles its field names with each
+        instance; the worker sends a report after every forward that retires a block)."""
+        return WorkerReport, (self.retired, self.preempted, self.failed, self.forwards,
+                              self.prefills, self.rounds, self.block_steps,
+                              self.idle_block_steps)
+
 
 @dataclass
 class WorkerFailed:
