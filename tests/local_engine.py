@@ -155,10 +155,11 @@ class FakeRunner:
         self.before: Any = None
         # ("prefill", slots, seg_starts, token lists) / ("forward", slots, first_starts, blocks)
         self.log: list[tuple[str, list[int], list[int], list[Any]]] = []
-        self.page_table: dict[int, dict[int, int]] = {}
+        self.mapped: dict[int, dict[int, int]] = {}  # slot -> entry -> page
+        self.page_table = None  # no device page table: the worker maps pages here, at once
 
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
-        row = self.page_table.setdefault(slot, {})
+        row = self.mapped.setdefault(slot, {})
         if first == 0:
             row.clear()
         row.update({first + i: int(p) for i, p in enumerate(pages)})

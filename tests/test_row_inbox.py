@@ -14,13 +14,15 @@ from dllm_serve.kernels.row_inbox import (
     GATE_SHIFT,
     HAS_IDS,
     MOVED,
+    PAGES,
     PARAMS,
     RECORD_HEAD,
     apply_rows,
     apply_rows_reference,
     record_width,
 )
-from dllm_serve.managers.row_storage import RowStorage
+from dllm_serve.managers.row_storage import PAGE_ROOM, RowStorage
+from dllm_serve.mem.kv_cache import KVCache
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MASK = 15
@@ -41,15 +43,18 @@ def inbox_of(records: list[tuple[int, int, int, int, int, list[int]]], capacity:
 
 @pytest.mark.parametrize("count", [0, 1, 5, 21])
 @pytest.mark.parametrize("gated", [False, True])
-def test_apply_rows_equals_reference(count: int, gated: bool) -> None:
+@pytest.mark.parametrize("paged", [False, True])
+def test_apply_rows_equals_reference(count: int, gated: bool, paged: bool) -> None:
     """Rows in the count get their metadata, their ids where HAS_IDS is set and their source
     row's ids where MOVED is (sources: rows no record writes); a PARAMS record writes its
     request key's params and no row; records past the count and every other row and key stay;
     the count is zeroed. 21 records: two inner steps. gated: a HAS_IDS row also gets its
     record's gate (the bits from GATE_SHIFT on) and flags 0, a MOVED row its source's gate and
-    flags."""
+    flags. paged: every fifth record is a PAGES record instead (page-table entries [start,
+    start + seed) of slot `row` := its first seed values, 0 <= seed <= K), which writes no
+    row, and the rest of the page table stays."""
     gen = torch.Generator().manual_seed(count)
-    capacity, k = 24, 6
+    capacity, k, slots, entries = 24, 6, 5, 16
     order = torch.randperm(capacity, generator=gen).tolist()
     rows, sources = order[:count], order[count:]
     flags = (0, HAS_IDS, MOVED, PARAMS)
@@ -61,19 +66,32 @@ def test_apply_rows_equals_reference(count: int, gated: bool) -> None:
             return bits[i] + [0] * (k - 2)
         return ([sources[i % len(sources)]] * (i % 4 == 2) + [r * 10 + j for j in range(k)])[:k]
 
+    def page_record(i: int) -> tuple[int, int, int, int, int, list[int]]:
+        """Slot i // 5 (one per record), entries from i // 5 % 3 + 2, i % 7 of them."""
+        slot, first, n = i // 5, i // 5 % 3 + 2, min(i % 7, k)
+        return (slot, 0, first, n, PAGES, [1000 + 10 * i + j for j in range(k)])
+
     gate_bits = [(i % 3) << GATE_SHIFT if flags[i % 4] == HAS_IDS else 0 for i in range(count)]
-    records = [(i if i % 4 == 3 else r, i, 100 + i, 7 * i, flags[i % 4] | gate_bits[i],
+    records = [page_record(i) if paged and i % 5 == 4 else
+               (i if i % 4 == 3 else r, i, 100 + i, 7 * i, flags[i % 4] | gate_bits[i],
                 fields(i, r)) for i, r in enumerate(rows)]
     inbox = inbox_of(records, capacity, k, gen)
     ids = torch.randint(0, 50, (capacity + 1, k), generator=gen).to(DEVICE)
     meta = torch.randint(0, 50, (3, capacity + 1), generator=gen).to(DEVICE)
     params = torch.rand(2, capacity + 1, generator=gen).to(DEVICE)
     gates = torch.randint(1, 4, (capacity + 1, 2), generator=gen).to(DEVICE) if gated else None
+    table = (torch.randint(0, 50, (slots, entries), generator=gen).to(DEVICE) if paged
+             else None)
     want_ids, want_meta, want_params = ids.clone(), meta.clone(), params.clone()
     want_gates = None if gates is None else gates.clone()
+    want_table = None if table is None else table.clone()
     for i, (row, req, start, seed, flag, row_ids) in enumerate(records):
         if flag & PARAMS:
             want_params[:, row] = torch.from_numpy(values[i])
+            continue
+        if flag & PAGES:
+            assert want_table is not None
+            want_table[row, start:start + seed] = torch.tensor(row_ids[:seed])
             continue
         want_meta[:, row] = torch.tensor([req, start, seed])
         if flag & HAS_IDS:
@@ -85,15 +103,18 @@ def test_apply_rows_equals_reference(count: int, gated: bool) -> None:
             if want_gates is not None and gates is not None:
                 want_gates[row] = gates[row_ids[0]]
     ref = (inbox.clone(), ids.clone(), meta.clone(), params.clone(),
-           None if gates is None else gates.clone())
+           None if gates is None else gates.clone(), None if table is None else table.clone())
     apply_rows_reference(*ref)
-    apply_rows(inbox, ids, meta, params, gates)
-    for got in ((ids, meta, params, gates), ref[1:]):  # the scratch row / key (last): anything
-        assert torch.equal(got[0][:capacity], want_ids[:capacity])
+    apply_rows(inbox, ids, meta, params, gates, table)
+    for got in ((ids, meta, params, gates, table), ref[1:]):  # the scratch row / key / entry
+        assert torch.equal(got[0][:capacity], want_ids[:capacity])  # (last): anything
         assert torch.equal(got[1][:, :capacity], want_meta[:, :capacity])
         assert torch.equal(got[2][:, :capacity], want_params[:, :capacity])
         if want_gates is not None:
             assert torch.equal(got[3][:capacity], want_gates[:capacity])
+        if want_table is not None:
+            assert got[4] is not None
+            assert torch.equal(got[4].view(-1)[:-1], want_table.view(-1)[:-1])
     assert int(inbox[0]) == 0 and int(ref[0][0]) == 0
     assert torch.equal(inbox[1:], ref[0][1:])
 
@@ -201,3 +222,61 @@ def test_staged_params_land_with_the_rows() -> None:
     assert s.req_params["edit_threshold"][[3, 5]].tolist() == [0.125, 0.0]
     keep = [i for i in range(s.params.shape[1] - 1) if i not in (3, 5)]
     assert torch.equal(s.params[:, keep], before[:, keep]) and int(s.row_req[0]) == 3
+
+
+def paged_storage(slots: int = 6, entries: int = 12) -> tuple[RowStorage, KVCache]:
+    """A storage of 8 rows (K = 4) writing the page table of a KV cache of `slots` request
+    slots (the last: the scratch slot)."""
+    kv = KVCache(1, 64, 4, 1, 2, slots, entries, torch.float32, DEVICE)
+    cfg = DllmConfig(algorithm="JointThreshold", block_size=4, mask_id=MASK)
+    return RowStorage(build_algorithm(cfg), 8, 4, DEVICE, free_key=slots - 1,
+                      page_table=kv.req_to_page), kv
+
+
+def test_staged_pages_land_with_the_next_forward_in_order() -> None:
+    """stage_pages changes nothing until flush + apply_staged (a denoise forward's hook); then
+    the page table is what the same writes give one by one (`KVCache.map_pages`), in order:
+    a slot written twice (a released slot mapped again, an overlapping top-up) holds the later
+    write's pages, writes longer than K pages span several records. Staged with rows, both
+    land together; the rows keep their own values."""
+    s, kv = paged_storage()
+    _, ref = paged_storage()
+    writes = [(0, 0, np.arange(10, 19)), (2, 3, np.array([7, 8])), (0, 6, np.array([30, 31])),
+              (1, 0, np.array([5])), (2, 0, np.array([40, 41, 42, 43, 44])), (0, 11, np.array([9]))]
+    for w in writes:
+        ref.map_pages(*w)
+    before = kv.req_to_page.clone()
+    s.write_rows(np.array([1]), np.full((1, 4), 3), [None], np.array([8]), np.array([2]),
+                 np.array([5]))
+    assert s.stage_pages(writes[:3]) and s.stage_pages(writes[3:])
+    assert torch.equal(kv.req_to_page, before)
+    s.flush()
+    assert torch.equal(kv.req_to_page, before)  # sent, applied by the forward's hook
+    s.apply_staged()
+    assert torch.equal(kv.req_to_page[:-1], ref.req_to_page[:-1])
+    assert s.ids[1].tolist() == [3] * 4 and int(s.row_req[1]) == 2 and int(s.row_start[1]) == 8
+    s.apply_staged()  # nothing staged: nothing changes
+    assert torch.equal(kv.req_to_page[:-1], ref.req_to_page[:-1])
+
+
+def test_apply_pages_lands_at_once_and_a_full_inbox_declines() -> None:
+    """apply_pages (before a prefill or a write of the caller's own) applies what is staged
+    now; with nothing staged it sends nothing. stage_pages declines (False, nothing staged)
+    what would pass the inbox's PAGE_ROOM records a row, or everything without a page table."""
+    s, kv = paged_storage()
+    s.apply_pages()
+    assert not s.sent
+    assert s.stage_pages([(3, 2, np.array([11, 12]))])
+    s.apply_pages()
+    assert kv.req_to_page[3, 2:4].tolist() == [11, 12] and not s.page_writes
+    assert PAGE_ROOM * s.capacity == 16  # records of K = 4 pages
+    assert s.stage_pages([(slot, 0, np.arange(12) + slot) for slot in range(5)])  # 15
+    assert s.stage_pages([(0, 0, np.array([7]))])  # 16
+    assert not s.stage_pages([(1, 0, np.array([7]))])
+    s.apply_pages()
+    assert kv.req_to_page[0, :12].tolist() == [7] + list(range(1, 12))
+    assert kv.req_to_page[4, :12].tolist() == list(range(4, 16))
+    with pytest.raises(ValueError, match="12"):  # past the table, as KVCache.map_pages
+        s.stage_pages([(2, 10, np.arange(3))])
+    plain = storage("JointThreshold")
+    assert not plain.stage_pages([(0, 0, np.arange(2))])

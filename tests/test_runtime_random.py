@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from local_engine import LocalEngine, local_engine, scripted_engine
 
 from dllm_serve.managers.batch_layout import COLUMN_FIELDS, Block, Columns, DeviceReq, Layout
-from dllm_serve.managers.messages import AbortReq, ReqSettings
+from dllm_serve.managers.messages import AbortReq, AddPages, ReqSettings
 from dllm_serve.managers.pacing import Pacing
 
 K = 4
@@ -479,6 +479,61 @@ def test_columns_set_writes_every_column_as_of_does() -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
+def test_every_mapping_is_on_the_device_before_a_forward_or_prefill_reads_it(
+        tiny_model_dir: Path, overlap: bool) -> None:
+    """Page mappings ride the row storage's inbox (applied first thing by the next denoise
+    forward: no device copy of their own) unless a prefill follows them in the same batch of
+    changes (then they are written at once, after whatever was staged). Whichever way, when
+    a prefill or a denoise forward reads the page table it holds every mapping the worker was
+    sent, the later write of an entry holding; both ways are taken here (requests with and
+    without a prefill, prompts of several pages, slots reused)."""
+    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=3, depth=1, multi_step=1)
+    w = e.worker
+    w.pacing.overlap = overlap
+    sent: dict[tuple[int, int], int] = {}  # (slot, entry) -> page, as the worker was sent
+    counts = {"staged": 0, "direct": 0, "checked": 0}
+    apply_all, stage, add_pages = w.apply_all, w.storage.stage_pages, w.runner.add_pages_many
+    slots = w.runner.kv.slots
+
+    def logged_apply_all(items: list) -> None:  # type: ignore[type-arg]
+        for item in items:
+            if isinstance(item, AddPages):
+                sent.update({(item.slot, item.first + i): int(p)
+                             for i, p in enumerate(item.pages)})
+        apply_all(items)
+
+    def staged(writes: list) -> bool:  # type: ignore[type-arg]
+        counts["staged"] += len(writes)
+        return stage(writes)
+
+    def direct(writes: list) -> None:  # type: ignore[type-arg]
+        counts["direct"] += len(writes)
+        add_pages(writes)
+
+    def check() -> None:
+        table = w.runner.page_table
+        assert all(int(table[slot, entry]) == page for (slot, entry), page in sent.items())
+        counts["checked"] += 1
+
+    def checked_slots(*args):  # type: ignore[no-untyped-def]
+        check()  # the KV slots of a prefill's or an eager forward's tokens, from the table
+        return slots(*args)
+
+    w.apply_all = logged_apply_all  # type: ignore[method-assign]
+    w.storage.stage_pages = staged  # type: ignore[method-assign]
+    w.runner.add_pages_many = direct  # type: ignore[method-assign]
+    w.runner.kv.slots = checked_slots  # type: ignore[method-assign]
+    for i in range(8):  # prompts of 92 / 2 tokens: three pages / below a block (no prefill)
+        e.submit(f"r{i}", list(range(5 + i, 7 + i + 90 * (i % 2 == 0))), max_new_tokens=40,
+                 ignore_eos=True)
+        e.step()
+    e.run()
+    assert len(e.outputs) == 8 and counts["checked"] > 8
+    assert counts["staged"] > 0 and (counts["direct"] > 0 or overlap)
+    e.assert_whole()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
 def test_the_launch_comes_after_the_cheap_changes_and_before_a_prefill(tiny_model_dir: Path,
                                                                       overlap: bool) -> None:
     """On CUDA (overlap), with blocks on the device, the worker applies the leading run of
@@ -492,6 +547,7 @@ def test_the_launch_comes_after_the_cheap_changes_and_before_a_prefill(tiny_mode
     w.pacing.overlap = overlap
     events: list[tuple[str, object]] = []
     apply, launch, add_pages = w.apply, w.launch, w.runner.add_pages_many
+    stage_pages = w.storage.stage_pages
 
     def logged_apply(item: object) -> None:
         events.append(("apply", type(item).__name__))
@@ -500,6 +556,10 @@ def test_the_launch_comes_after_the_cheap_changes_and_before_a_prefill(tiny_mode
     def logged_pages(writes: list) -> None:  # type: ignore[type-arg]
         events.extend(("apply", "AddPages") for _ in writes)  # the worker maps them together
         add_pages(writes)
+
+    def logged_stage(writes: list) -> bool:  # type: ignore[type-arg]
+        events.extend(("apply", "AddPages") for _ in writes)  # staged for the next forward
+        return stage_pages(writes)
 
     def logged_launch():  # type: ignore[no-untyped-def]
         out = launch()
@@ -511,6 +571,7 @@ def test_the_launch_comes_after_the_cheap_changes_and_before_a_prefill(tiny_mode
 
     w.apply, w.launch = logged_apply, logged_launch  # type: ignore[method-assign]
     w.runner.add_pages_many = logged_pages  # type: ignore[method-assign]
+    w.storage.stage_pages = logged_stage  # type: ignore[method-assign]
     e.submit("a", list(range(5, 25)), max_new_tokens=64, ignore_eos=True)
     e.step()  # idle worker: a's pages, prefill and admission, then a's first forward
     kinds = [k for k, _ in events]

@@ -100,6 +100,7 @@ class ScriptedLogits:
         self.device = torch.device("cpu")
         self.graphs = None
         self.layouts: list[list[int]] = []
+        self.page_table = None  # pages go nowhere (add_pages)
 
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         pass

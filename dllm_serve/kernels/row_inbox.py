@@ -13,16 +13,21 @@ is due for the row; applied by RowStorage, not here), MOVED (the row takes the b
 ids[0], the *source*: a layout that closes its holes moves its last rows into them; its state
 is moved by RowStorage, in the same forward), PARAMS
 (not a row: the per-request params of request key `row` are ids[0:P], each a float32's bits as
-a signed int32; the record's other fields are unused); bits from GATE_SHIFT on: the flags of its
-predecessor that open a HAS_IDS row that waits for it (its gate).
+a signed int32; the record's other fields are unused), PAGES (not a row: page-table entries
+[start, start + seed) of request slot `row` := ids[0:seed], seed <= K; request unused: the
+scheduler's page mappings, riding the same message as the rows); bits from GATE_SHIFT on: the
+flags of its predecessor that open a HAS_IDS row that waits for it (its gate).
 `apply_rows`: for each of the first `count` records rows_meta[:, row] = (request, start, seed),
 with HAS_IDS ids[row] = the record's ids (and, on gated storage, gates[row] = (its gate, flags
 0)), with MOVED ids[row] = ids[source] (gates[row] = gates[source]), with PARAMS params[:, row]
-= the values instead; then count = 0, so a replay with nothing staged does
-nothing. Invariant (the caller's): no source row is
-written (with ids, or as a move's target) by the same inbox, so records apply in any order.
+= the values instead, with PAGES the page-table entries instead; then count = 0, so a replay
+with nothing staged does nothing. Invariants (the caller's): no source row is
+written (with ids, or as a move's target) by the same inbox, and no page-table entry by two of
+its records, so records apply in any order.
 Oracle: `apply_rows_reference` (the CPU path), which needs a scratch row: the last row of ids
-and rows_meta, and the last column of params, take the unused records' writes.
+and rows_meta, the last column of params, and the last entry of the page table's last row (the
+runner's scratch slot, whose one mapped page is its first entry) take the unused records'
+writes.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ HAS_IDS = 1
 FRESH_STATE = 2
 MOVED = 4
 PARAMS = 8
-GATE_SHIFT = 4  # flags >> GATE_SHIFT: a new row's gate
+PAGES = 16
+GATE_SHIFT = 5  # flags >> GATE_SHIFT: a new row's gate
 BLOCK_R = 16  # records per inner step
 
 
@@ -47,27 +53,33 @@ def record_width(block_size: int) -> int:
 
 
 def apply_rows(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torch.Tensor,
-               params: torch.Tensor, gates: torch.Tensor | None = None) -> None:
+               params: torch.Tensor, gates: torch.Tensor | None = None,
+               pages: torch.Tensor | None = None) -> None:
     """inbox (1 + M * (RECORD_HEAD + K),) int64, ids (rows, K) int64 contiguous, rows_meta
     (3, rows) int64 and params (P, keys) float32 (P <= K), both with unit stride along their
-    last dim, gates (rows, 2) int64 contiguous (gate, flags) or None: apply the staged records,
-    zero the count."""
+    last dim, gates (rows, 2) int64 contiguous (gate, flags) or None, pages (slots, entries)
+    int64 with unit stride along its last dim (the page table; PAGES records need it) or None:
+    apply the staged records, zero the count."""
     check_device(inbox, "apply_rows")
     k = ids.shape[1]
     assert ids.stride(1) == 1 and rows_meta.stride(1) == 1 and params.stride(1) == 1
     assert params.shape[0] <= k and params.dtype == torch.float32
     assert gates is None or (gates.is_contiguous() and gates.shape == (ids.shape[0], 2))
+    assert pages is None or (pages.stride(1) == 1 and pages.dtype == torch.int64)
     _apply_kernel[(1,)](inbox, ids, rows_meta, params, ids if gates is None else gates,
-                        ids.stride(0), rows_meta.stride(0), params.stride(0), K=k,
-                        P=params.shape[0], HAS_GATES=gates is not None, GATE_SHIFT=GATE_SHIFT,
-                        BLOCK_R=BLOCK_R,
+                        ids if pages is None else pages, ids.stride(0), rows_meta.stride(0),
+                        params.stride(0), 0 if pages is None else pages.stride(0), K=k,
+                        P=params.shape[0], HAS_GATES=gates is not None,
+                        HAS_PAGES=pages is not None, GATE_SHIFT=GATE_SHIFT, BLOCK_R=BLOCK_R,
                         BLOCK_K=next_pow2(k), num_warps=4)
 
 
 def apply_rows_reference(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torch.Tensor,
-                         params: torch.Tensor, gates: torch.Tensor | None = None) -> None:
+                         params: torch.Tensor, gates: torch.Tensor | None = None,
+                         pages: torch.Tensor | None = None) -> None:
     """`apply_rows` in PyTorch ops (no host sync, so it can be captured too); records past the
-    count write the scratch row ids.shape[0] - 1 (and params' last column)."""
+    count write the scratch row ids.shape[0] - 1 (and params' last column, the page table's
+    last entry)."""
     k = ids.shape[1]
     width = record_width(k)
     records = inbox[1:1 + (inbox.shape[0] - 1) // width * width].view(-1, width)
@@ -75,11 +87,19 @@ def apply_rows_reference(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torc
     flags = records[:, 4]
     scratch = ids.shape[0] - 1
     is_params = live & ((flags & PARAMS) != 0)
-    row = torch.where(live & ~is_params, records[:, 0], scratch)
+    is_pages = live & ((flags & PAGES) != 0)
+    row = torch.where(live & ~is_params & ~is_pages, records[:, 0], scratch)
     rows_meta.index_copy_(1, row, records[:, 1:4].t())
     key = torch.where(is_params, records[:, 0], params.shape[1] - 1)
     values = records[:, RECORD_HEAD:RECORD_HEAD + params.shape[0]].to(torch.int32)
     params.index_copy_(1, key, values.view(torch.float32).t())
+    if pages is not None:
+        j = torch.arange(k, device=inbox.device)
+        entry = records[:, 0:1] * pages.stride(0) + records[:, 2:3] + j  # (M, K)
+        due = is_pages[:, None] & (j < records[:, 3:4])
+        sink = pages.shape[0] * pages.stride(0) - 1
+        pages.view(-1).index_copy_(0, torch.where(due, entry, sink).view(-1),
+                                   records[:, RECORD_HEAD:].reshape(-1))
     moved = live & ((flags & MOVED) != 0)
     source = torch.where(moved, records[:, RECORD_HEAD], scratch)
     moved_ids = ids.index_select(0, source)  # read before any write: sources stay intact
@@ -95,9 +115,10 @@ def apply_rows_reference(inbox: torch.Tensor, ids: torch.Tensor, rows_meta: torc
 
 
 @triton.jit
-def _apply_kernel(Inbox, Ids, Meta, Params, Gates, stride_ids, stride_meta, stride_params,
-                  K: tl.constexpr, P: tl.constexpr, HAS_GATES: tl.constexpr,
-                  GATE_SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _apply_kernel(Inbox, Ids, Meta, Params, Gates, Pages, stride_ids, stride_meta, stride_params,
+                  stride_pages, K: tl.constexpr, P: tl.constexpr, HAS_GATES: tl.constexpr,
+                  HAS_PAGES: tl.constexpr, GATE_SHIFT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     count = tl.load(Inbox)
     r = tl.arange(0, BLOCK_R)
     kk = tl.arange(0, BLOCK_K)
@@ -108,7 +129,8 @@ def _apply_kernel(Inbox, Ids, Meta, Params, Gates, stride_ids, stride_meta, stri
         row = tl.load(rec, mask=ok, other=0)
         flags = tl.load(rec + 4, mask=ok, other=0)
         is_params = ok & ((flags & 8) != 0)
-        is_row = ok & ~is_params
+        is_pages = ok & ((flags & 16) != 0)
+        is_row = ok & ~is_params & ~is_pages
         for f in tl.static_range(3):
             tl.store(Meta + f * stride_meta + row, tl.load(rec + 1 + f, mask=is_row),
                      mask=is_row)
@@ -120,7 +142,14 @@ def _apply_kernel(Inbox, Ids, Meta, Params, Gates, stride_ids, stride_meta, stri
         moved = ok & ((flags & 4) != 0)
         source = tl.load(rec + 5, mask=moved, other=0)
         k_ok = (kk < K)[None, :]
-        values = tl.load(rec[:, None] + 5 + kk[None, :], mask=with_ids[:, None] & k_ok)
+        values = tl.load(rec[:, None] + 5 + kk[None, :], mask=(with_ids | is_pages)[:, None]
+                         & k_ok)
+        if HAS_PAGES:  # entries [first, first + n) of slot `row` := the record's first n values
+            first = tl.load(rec + 2, mask=is_pages, other=0)
+            n = tl.load(rec + 3, mask=is_pages, other=0)
+            due = is_pages[:, None] & (kk[None, :] < n[:, None])
+            tl.store(Pages + row[:, None] * stride_pages + first[:, None] + kk[None, :],
+                     values, mask=due)
         values = tl.where(moved[:, None], tl.load(Ids + source[:, None] * stride_ids
                                                   + kk[None, :], mask=moved[:, None] & k_ok),
                           values)

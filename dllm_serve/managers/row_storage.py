@@ -16,6 +16,11 @@ live batch directly. Buffers, `capacity` rows each:
                                           it; 0: open) and its flags after its last step
                                           (converged | ready << 1), both moved with the row
                                           like its state (dllm/wavefront.py `open_gates`)
+The page table (the KV cache's, when given) is written the same way: `stage_pages` packs the
+scheduler's page mappings into the inbox after the rows, so a forward that a mapping precedes
+applies it first thing, and mapping pages costs the host no device copy or scatter of its own
+(on an H200's host those were ~0.1-0.3 ms per batch of admissions). A prefill reads the page
+table outside the denoise forward: `apply_pages` applies what is staged at once before one.
 Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
 free_key (a layout that gives a row up writes it so): the step groups rows by row_req. One more
 row past `capacity` (the scratch row) takes the unused records of the inbox.
@@ -45,6 +50,7 @@ from dllm_serve.kernels.row_inbox import (
     GATE_SHIFT,
     HAS_IDS,
     MOVED,
+    PAGES,
     PARAMS,
     RECORD_HEAD,
     apply_rows,
@@ -52,15 +58,21 @@ from dllm_serve.kernels.row_inbox import (
     record_width,
 )
 from dllm_serve.managers.messages import RowState
+from dllm_serve.mem.kv_cache import PageWrite
 from dllm_serve.utils.device import to_device
+
+PAGE_ROOM = 2  # inbox records for page writes, per row of capacity (K page ids a record)
 
 
 class RowStorage:
     def __init__(self, algo: DllmAlgorithm, capacity: int, block_size: int,
-                 device: torch.device, free_key: int, gated: bool = False) -> None:
+                 device: torch.device, free_key: int, gated: bool = False,
+                 page_table: torch.Tensor | None = None) -> None:
         """free_key: row_req of rows that hold no request (holes, padding); request keys are
         below it (the runner's request slots and its scratch slot). gated: rows may wait for
-        their predecessor (a gate and flags per row)."""
+        their predecessor (a gate and flags per row). page_table (slots, entries) int64: the
+        KV cache's, whose last row is the scratch slot's (its last entry takes the unused
+        records' writes); None: `stage_pages` stages nothing."""
         self.algo, self.capacity, self.k, self.device = algo, capacity, block_size, device
         self.free_key = free_key
         rows = capacity + 1  # the last: the scratch row
@@ -86,16 +98,21 @@ class RowStorage:
         self.carried_by_moves = list((self.all_state or {}).values())
         self.width = record_width(block_size)
         # a layout change stages at most every row twice (a new block or a move, a freed row)
-        # and each request's params once
-        records = 3 * capacity
+        # and each request's params once; page mappings take up to PAGE_ROOM more records
+        self.page_table = page_table
+        assert page_table is None or page_table.shape[1] >= 2, "the scratch slot's sink entry"
+        records = (3 + (PAGE_ROOM if page_table is not None else 0)) * capacity
         self.inbox = torch.zeros(1 + records * self.width, dtype=torch.int64, device=device)
         self.staged = np.zeros(1 + records * self.width, dtype=np.int64)  # its host copy
         self.ring = (StageRing(len(self.staged), self.width, device)
                      if device.type == "cuda" else None)
         self.host_inbox = self.inbox.numpy() if self.ring is None else None  # the CPU inbox
         self.records = self.staged[1:].reshape(records, self.width)
-        self.pending = 0  # records staged and not yet sent (flush)
+        self.pending = 0  # row and params records staged and not yet sent (flush)
+        self.page_writes: list[PageWrite] = []  # mappings staged and not yet sent
+        self.page_records = 0  # the records they take
         self.sent = False  # rows sent and not yet applied by an eager apply_staged
+        self.rows_sent = False  # the message sent holds rows (not only page writes)
         self._rows_arange = torch.arange(capacity, device=device)
         if device.type == "cuda":  # compile the apply kernel now (nothing staged: a no-op)
             self.sent = True
@@ -165,10 +182,56 @@ class RowStorage:
         for key, value in (state or {}).items():
             self.state[key].index_copy_(0, idx, value)
 
+    def stage_pages(self, writes: list[PageWrite]) -> bool:
+        """Stage page-table writes (slot, first entry, page ids), applied in order (where two
+        write an entry, the later holds) with the rows at the next denoise forward, after
+        `flush`. False (nothing staged): no page table, or no room left; the caller writes
+        them itself (after `apply_pages`, so that they stay in order). ValueError: a write
+        past the page table's entries."""
+        if self.page_table is None:
+            return False
+        entries = self.page_table.shape[1]
+        for _, first, pages in writes:  # a record past the table would write out of bounds
+            if first + len(pages) > entries:
+                raise ValueError(f"request needs {first + len(pages)} pages, the table holds "
+                                 f"{entries}")
+        need = sum(-(-len(pages) // self.k) for _, _, pages in writes)
+        if self.page_records + need > PAGE_ROOM * self.capacity:
+            return False
+        self.page_writes += writes
+        self.page_records += need
+        return True
+
+    def apply_pages(self) -> None:
+        """Apply the staged page writes now (before anything outside a denoise forward reads
+        the page table: a prefill, or a write of the caller's own)."""
+        if self.page_writes:
+            self.flush()
+            self.apply_staged()
+
+    def _pack_pages(self, first: int) -> int:
+        """The staged page writes as PAGES records from record `first` on (a slot written
+        twice: its entries collapsed first, the later write holding); the records packed."""
+        writes, self.page_writes, self.page_records = self.page_writes, [], 0
+        if len({slot for slot, _, _ in writes}) < len(writes):
+            writes = _collapsed(writes)
+        k, e = self.k, first
+        for slot, start, pages in writes:
+            for at in range(0, len(pages), k):
+                chunk = pages[at:at + k]
+                rec = self.records[e]
+                rec[:RECORD_HEAD] = (slot, 0, start + at, len(chunk), PAGES)
+                rec[RECORD_HEAD:RECORD_HEAD + len(chunk)] = chunk
+                e += 1
+        return e - first
+
     def flush(self) -> None:
-        """Send the staged rows to the device (CUDA: a message the next forward's fetch takes
-        into the inbox; the CPU: a copy into the inbox); the next denoise forward applies
-        them."""
+        """Send the staged rows and page writes to the device (CUDA: a message the next
+        forward's fetch takes into the inbox; the CPU: a copy into the inbox); the next
+        denoise forward applies them."""
+        rows = self.pending > 0
+        if self.page_writes:
+            self.pending += self._pack_pages(self.pending)
         if not self.pending:
             return
         n = 1 + self.pending * self.width
@@ -179,6 +242,7 @@ class RowStorage:
             assert self.host_inbox is not None
             self.host_inbox[:n] = self.staged[:n]
         self.pending, self.sent = 0, True
+        self.rows_sent = rows
 
     def replayed(self) -> None:
         """A CUDA graph that captured `apply_staged` was replayed (its fetch ran)."""
@@ -194,13 +258,15 @@ class RowStorage:
         self.sent = False
         if self.ring is not None:
             self.ring.fetch(self.inbox)
-        if self.carried_by_moves:  # before apply_rows zeroes the count
+        if self.carried_by_moves and (self.rows_sent or capturing):  # before apply_rows
+            # zeroes the count (a message of page writes alone moves no state)
             records, staged = self._staged()
             self._move_rows(records, staged)
             if self.all_state is not None and self.algo.graph_safe:
                 self._fresh_state(records, staged)
         apply = apply_rows if self.device.type == "cuda" else apply_rows_reference
-        apply(self.inbox, self.all_ids, self.all_meta, self.params, self.all_gates)
+        apply(self.inbox, self.all_ids, self.all_meta, self.params, self.all_gates,
+              self.page_table)
 
     def _staged(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The inbox's first `capacity` records (capacity, width) and which of them are staged
@@ -275,3 +341,22 @@ class RowStorage:
         batch.bind_rows(*self.row_views(n))
         batch.gates = self.gate_views(n)
         return batch
+
+
+def _collapsed(writes: list[PageWrite]) -> list[PageWrite]:
+    """The writes with each slot's entries merged in order (a later write's page over an
+    earlier one's), as runs of consecutive entries: no two of them write the same entry."""
+    table: dict[int, dict[int, int]] = {}
+    for slot, first, pages in writes:
+        table.setdefault(slot, {}).update(zip(range(first, first + len(pages)),
+                                              pages.tolist(), strict=True))
+    out: list[PageWrite] = []
+    for slot, entries in table.items():
+        run: list[int] = []
+        for entry in sorted(entries):
+            if run and entry != run[0] + len(run):
+                out.append((slot, run[0], np.array([entries[i] for i in run], np.int64)))
+                run = []
+            run.append(entry)
+        out.append((slot, run[0], np.array([entries[i] for i in run], np.int64)))
+    return out

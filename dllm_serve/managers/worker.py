@@ -99,7 +99,7 @@ class Worker:
         algo.bind_device(runner.device)
         rows = max(runner.max_requests * mode.rows_per_request, runner.graph_max_blocks)
         self.storage = RowStorage(algo, rows, self.k, runner.device, runner.scratch_slot,
-                                  gated=mode.gate != 0)
+                                  gated=mode.gate != 0, page_table=runner.page_table)
         self.batch = ResidentBatch(algo, self.storage, runner.scratch_slot, runner.bucketed)
         step = self._graph_step if algo.graph_safe else None  # captured after the forward
         runner.warm_up(self.storage.ids, step, self.k + len(FLAGS), self.storage.apply_staged,
@@ -184,19 +184,29 @@ class Worker:
     # ---- changes from the scheduler -----------------------------------------------------
 
     def apply_all(self, items: list[WorkItem]) -> None:
-        """Apply the items in order. Their page mappings reach the device together (one copy
-        and one scatter, `add_pages_many`) before the first prefill after them, which writes
-        through the page table, and at the end, before any forward is launched."""
+        """Apply the items in order. Their page mappings reach the device together: before
+        the first prefill after them, which writes through the page table, at once (one copy
+        and one scatter, `add_pages_many`, after whatever the row storage holds staged); the
+        others staged in the row storage's inbox, which the next denoise forward applies first
+        thing (no device call of their own; written at once only where the storage has no
+        room or no page table)."""
         pages: list[tuple[int, int, np.ndarray]] = []
         for item in items:
             if isinstance(item, AddPages):
                 self.flow.map_pages(item.slot, item.first, len(item.pages), self.runner.page_size)
                 pages.append((item.slot, item.first, item.pages))
                 continue
-            if pages and isinstance(item, Prefill):
-                self.runner.add_pages_many(pages)
+            if isinstance(item, Prefill):
+                self._map_now(pages)
                 pages = []
             self.apply(item)
+        if pages and not self.storage.stage_pages(pages):
+            self._map_now(pages)
+
+    def _map_now(self, pages: list[tuple[int, int, np.ndarray]]) -> None:
+        """Page mappings written at once, after those staged earlier (which also land now: a
+        prefill reads the page table outside any denoise forward)."""
+        self.storage.apply_pages()
         if pages:
             self.runner.add_pages_many(pages)
 
@@ -283,6 +293,7 @@ class Worker:
         run = self.runner.resident_run(n, layout.ids)
         if run is not None:
             return run
+        self.storage.apply_pages()  # an eager forward reads the page table as it is prepared
         c = layout.cols
         return self.runner.prepare_denoise(c.slots, c.first_starts, [1] * n, layout.ids)
 

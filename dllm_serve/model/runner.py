@@ -238,6 +238,11 @@ class ModelRunner:
 
     # ---- forwards ---------------------------------------------------------------------------
 
+    @property
+    def page_table(self) -> torch.Tensor:
+        """The KV cache's page table (slots, entries); its last row is the scratch slot's."""
+        return self.kv.req_to_page
+
     def add_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         """Map page-table entries [first, first + len(pages)) of the request in `slot`."""
         self.kv.map_pages(slot, first, pages)
