@@ -266,7 +266,7 @@ class ResidentBatch:
                 self._leave(r)
         for r in newcomers:
             self._enter(r)
-        if newcomers:
+        if newcomers and self.algo.request_params:
             self.storage.write_params(np.asarray([r.slot for r in newcomers], dtype=np.int64),
                                       self._params(newcomers))
 
@@ -291,12 +291,9 @@ class ResidentBatch:
 
     def _params(self, reqs: list[DeviceReq]) -> np.ndarray:
         """(P, B) per-request values of the algorithm's request_params (defaults where unset)."""
-        out = np.repeat(self.storage.defaults[:, None], len(reqs), axis=1)
-        for b, r in enumerate(reqs):
-            for i, name in enumerate(self.algo.request_params):
-                if name in r.settings.params:
-                    out[i, b] = r.settings.params[name]
-        return out
+        defaults = zip(self.algo.request_params, self.storage.defaults.tolist(), strict=True)
+        return np.array([[r.settings.params.get(name, d) for r in reqs] for name, d in defaults],
+                        dtype=np.float32).reshape(-1, len(reqs))
 
     def waiting(self, block: Block) -> bool:
         """Whether the block still waits for its predecessor on the device now (a host sync

@@ -149,16 +149,18 @@ class RowStorage:
         states = states or [None] * j
         # state written now, not by the inbox: a resumed block's own, and every fresh state of
         # an algorithm whose state init may not be captured in a graph
-        carried = [i for i, s in enumerate(states) if s is not None or not self.algo.graph_safe]
-        rec[:, 4] = 0
+        carried = ([i for i, s in enumerate(states) if s is not None] if self.algo.graph_safe
+                   else list(range(j)))
+        rec[j:, 4] = 0
         if ids is not None and j:
-            rec[:j, 4] = HAS_IDS | FRESH_STATE
-            rec[:j, RECORD_HEAD:] = ids
-            if carried:
-                rec[carried, 4] = HAS_IDS
             if gates is not None:
                 assert self.all_gates is not None, "gates need a gated RowStorage"
-                rec[:j, 4] |= gates << GATE_SHIFT
+                rec[:j, 4] = (gates << GATE_SHIFT) | (HAS_IDS | FRESH_STATE)
+            else:
+                rec[:j, 4] = HAS_IDS | FRESH_STATE
+            rec[:j, RECORD_HEAD:] = ids
+            if carried:
+                rec[carried, 4] &= ~FRESH_STATE
         moved = 0 if sources is None else len(sources)
         assert j + moved <= self.capacity  # apply_staged looks for them there
         if moved:
