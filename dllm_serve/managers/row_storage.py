@@ -19,8 +19,9 @@ live batch directly. Buffers, `capacity` rows each:
 The page table (the KV cache's, when given) is written the same way: `stage_pages` packs the
 scheduler's page mappings into the inbox after the rows, so a forward that a mapping precedes
 applies it first thing, and mapping pages costs the host no device copy or scatter of its own
-(on an H200's host those were ~0.1-0.3 ms per batch of admissions). A prefill reads the page
-table outside the denoise forward: `apply_pages` applies what is staged at once before one.
+(those took 70-110 us a batch of mappings on an H200's host, up to 350: README, run 47). A
+prefill reads the page table outside the denoise forward: `apply_pages` applies what is staged
+at once before one.
 Rows at N and past (graph padding) hold garbage that nothing reads back, but their row_req is
 free_key (a layout that gives a row up writes it so): the step groups rows by row_req. One more
 row past `capacity` (the scratch row) takes the unused records of the inbox.
