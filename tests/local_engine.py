@@ -90,10 +90,11 @@ class LocalEngine:
 def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1,
                  mrr: int = 2, page_size: int | None = None, radix_cache: bool = True,
                  chunked_prefill_size: int = 32, max_total_tokens: int | None = None,
-                 depth: int | None = None, multi_step: int = 1,
+                 depth: int | None = None, multi_step: int = 1, device: str = "cpu",
                  **wavefront_kw: float | bool) -> LocalEngine:
-    """The real model runner (CPU, fp32) under a local scheduler + worker."""
-    args = ServerArgs(model_path=str(model_dir), device="cpu", dllm_algorithm=algorithm,
+    """The real model runner (CPU, fp32; on CUDA its defaults: Triton kernels, CUDA graphs)
+    under a local scheduler + worker."""
+    args = ServerArgs(model_path=str(model_dir), device=device, dllm_algorithm=algorithm,
                       dllm_fdfo=fdfo, max_running_requests=mrr,
                       chunked_prefill_size=chunked_prefill_size, dllm_wavefront_size=wavefront,
                       page_size=page_size, disable_radix_cache=not radix_cache,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_engine import LocalEngine, local_engine, scripted_engine
@@ -478,16 +479,21 @@ def test_columns_set_writes_every_column_as_of_does() -> None:
         assert getattr(cols, name) == getattr(fresh, name), name
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize(("device", "overlap"), [
+    ("cpu", False), ("cpu", True), pytest.param("cuda", True, marks=pytest.mark.gpu)])
 def test_every_mapping_is_on_the_device_before_a_forward_or_prefill_reads_it(
-        tiny_model_dir: Path, overlap: bool) -> None:
+        tiny_model_dir: Path, device: str, overlap: bool) -> None:
     """Page mappings ride the row storage's inbox (applied first thing by the next denoise
     forward: no device copy of their own) unless a prefill follows them in the same batch of
     changes (then they are written at once, after whatever was staged). Whichever way, when
-    a prefill or a denoise forward reads the page table it holds every mapping the worker was
-    sent, the later write of an entry holding; both ways are taken here (requests with and
-    without a prefill, prompts of several pages, slots reused)."""
-    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=3, depth=1, multi_step=1)
+    a prefill or an eager denoise forward reads the page table it holds every mapping the
+    worker was sent, the later write of an entry holding, and after every iteration (what is
+    still staged applied, the device idle) the table holds them all; both ways are taken here
+    (requests with and without a prefill, prompts of several pages, slots reused). On CUDA the
+    forwards are CUDA graphs whose first kernel applies the inbox (their KV slots are computed
+    inside the graph: checked after each iteration only)."""
+    e = local_engine(tiny_model_dir, "LowConfidence", fdfo=True, mrr=3, depth=1, multi_step=1,
+                     device=device)
     w = e.worker
     w.pacing.overlap = overlap
     sent: dict[tuple[int, int], int] = {}  # (slot, entry) -> page, as the worker was sent
@@ -523,11 +529,21 @@ def test_every_mapping_is_on_the_device_before_a_forward_or_prefill_reads_it(
     w.storage.stage_pages = staged  # type: ignore[method-assign]
     w.runner.add_pages_many = direct  # type: ignore[method-assign]
     w.runner.kv.slots = checked_slots  # type: ignore[method-assign]
+    def step() -> bool:
+        busy = e.step()
+        e.sched.check_integrity()
+        w.storage.apply_pages()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        check()
+        return busy
+
     for i in range(8):  # prompts of 92 / 2 tokens: three pages / below a block (no prefill)
         e.submit(f"r{i}", list(range(5 + i, 7 + i + 90 * (i % 2 == 0))), max_new_tokens=40,
                  ignore_eos=True)
-        e.step()
-    e.run()
+        step()
+    while step():
+        pass
     assert len(e.outputs) == 8 and counts["checked"] > 8
     assert counts["staged"] > 0 and (counts["direct"] > 0 or overlap)
     e.assert_whole()
