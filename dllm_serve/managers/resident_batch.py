@@ -293,7 +293,7 @@ class ResidentBatch:
         """(P, B) per-request values of the algorithm's request_params (defaults where unset)."""
         defaults = zip(self.algo.request_params, self.storage.defaults.tolist(), strict=True)
         return np.array([[r.settings.params.get(name, d) for r in reqs] for name, d in defaults],
-                        dtype=np.float32).reshape(-1, len(reqs))
+                        dtype=np.float32)
 
     def waiting(self, block: Block) -> bool:
         """Whether the block still waits for its predecessor on the device now (a host sync
