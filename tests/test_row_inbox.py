@@ -235,10 +235,12 @@ def paged_storage(slots: int = 6, entries: int = 12) -> tuple[RowStorage, KVCach
 
 def test_staged_pages_land_with_the_next_forward_in_order() -> None:
     """stage_pages changes nothing until flush + apply_staged (a denoise forward's hook); then
-    the page table is what the same writes give one by one (`KVCache.map_pages`), in order:
-    a slot written twice (a released slot mapped again, an overlapping top-up) holds the later
-    write's pages, writes longer than K pages span several records. Staged with rows, both
-    land together; the rows keep their own values."""
+    the page table is what the same writes give one by one (`KVCache.map_pages`), writes
+    longer than K pages spanning several records. A slot written twice (a released slot mapped
+    again, an overlapping top-up), within one call or with one staged before, is declined:
+    the caller's path (apply what is staged, then `map_pages_many`) keeps the writes in order,
+    the later one holding. Staged with rows, both land together; the rows keep their own
+    values."""
     s, kv = paged_storage()
     _, ref = paged_storage()
     writes = [(0, 0, np.arange(10, 19)), (2, 3, np.array([7, 8])), (0, 6, np.array([30, 31])),
@@ -248,13 +250,17 @@ def test_staged_pages_land_with_the_next_forward_in_order() -> None:
     before = kv.req_to_page.clone()
     s.write_rows(np.array([1]), np.full((1, 4), 3), [None], np.array([8]), np.array([2]),
                  np.array([5]))
-    assert s.stage_pages(writes[:3]) and s.stage_pages(writes[3:])
+    assert s.stage_pages(writes[:2]) and s.stage_pages(writes[3:4])  # slots 0, 2, 1
+    assert not s.stage_pages(writes[2:3])  # slot 0 again: declined, nothing staged
+    assert not s.stage_pages([(3, 0, np.array([1])), (3, 2, np.array([2]))])
     assert torch.equal(kv.req_to_page, before)
     s.flush()
     assert torch.equal(kv.req_to_page, before)  # sent, applied by the forward's hook
     s.apply_staged()
-    assert torch.equal(kv.req_to_page[:-1], ref.req_to_page[:-1])
     assert s.ids[1].tolist() == [3] * 4 and int(s.row_req[1]) == 2 and int(s.row_start[1]) == 8
+    s.apply_pages()  # the caller's path for the declined writes (nothing left to apply)
+    kv.map_pages_many([writes[2], *writes[4:]])
+    assert torch.equal(kv.req_to_page[:-1], ref.req_to_page[:-1])
     s.apply_staged()  # nothing staged: nothing changes
     assert torch.equal(kv.req_to_page[:-1], ref.req_to_page[:-1])
 
@@ -263,7 +269,7 @@ def test_apply_pages_lands_at_once_and_a_full_inbox_declines() -> None:
     """apply_pages (before a prefill or a write of the caller's own) applies what is staged
     now; with nothing staged it sends nothing. stage_pages declines (False, nothing staged)
     what would pass the inbox's PAGE_ROOM records a row, or everything without a page table."""
-    s, kv = paged_storage()
+    s, kv = paged_storage(slots=8)
     s.apply_pages()
     assert not s.sent
     assert s.stage_pages([(3, 2, np.array([11, 12]))])
@@ -271,10 +277,11 @@ def test_apply_pages_lands_at_once_and_a_full_inbox_declines() -> None:
     assert kv.req_to_page[3, 2:4].tolist() == [11, 12] and not s.page_writes
     assert PAGE_ROOM * s.capacity == 16  # records of K = 4 pages
     assert s.stage_pages([(slot, 0, np.arange(12) + slot) for slot in range(5)])  # 15
-    assert s.stage_pages([(0, 0, np.array([7]))])  # 16
-    assert not s.stage_pages([(1, 0, np.array([7]))])
+    assert s.stage_pages([(5, 0, np.array([7]))])  # 16
+    assert not s.stage_pages([(6, 0, np.array([7]))])
     s.apply_pages()
-    assert kv.req_to_page[0, :12].tolist() == [7] + list(range(1, 12))
+    assert kv.req_to_page[0, :12].tolist() == list(range(12))
+    assert kv.req_to_page[5, 0] == 7 and kv.req_to_page[6, 0] == -1
     assert kv.req_to_page[4, :12].tolist() == list(range(4, 16))
     with pytest.raises(ValueError, match="12"):  # past the table, as KVCache.map_pages
         s.stage_pages([(2, 10, np.arange(3))])

@@ -59,7 +59,7 @@ from dllm_serve.kernels.row_inbox import (
     record_width,
 )
 from dllm_serve.managers.messages import RowState
-from dllm_serve.mem.kv_cache import PageWrite
+from dllm_serve.mem.kv_cache import PageWrite, write_end
 from dllm_serve.utils.device import to_device
 
 PAGE_ROOM = 2  # inbox records for page writes, per row of capacity (K page ids a record)
@@ -111,6 +111,7 @@ class RowStorage:
         self.records = self.staged[1:].reshape(records, self.width)
         self.pending = 0  # row and params records staged and not yet sent (flush)
         self.page_writes: list[PageWrite] = []  # mappings staged and not yet sent
+        self.page_slots: set[int] = set()  # their slots (one write each)
         self.page_records = 0  # the records they take
         self.sent = False  # rows sent and not yet applied by an eager apply_staged
         self.rows_sent = False  # the message sent holds rows (not only page writes)
@@ -186,22 +187,23 @@ class RowStorage:
             self.state[key].index_copy_(0, idx, value)
 
     def stage_pages(self, writes: list[PageWrite]) -> bool:
-        """Stage page-table writes (slot, first entry, page ids), applied in order (where two
-        write an entry, the later holds) with the rows at the next denoise forward, after
-        `flush`. False (nothing staged): no page table, or no room left; the caller writes
-        them itself (after `apply_pages`, so that they stay in order). ValueError: a write
-        past the page table's entries."""
+        """Stage page-table writes (slot, first entry, page ids) for the next denoise forward,
+        after `flush`. False (nothing staged): no page table, no room left, or a slot that the
+        writes or those staged already write (the inbox applies its records in any order, so
+        one message writes each slot once); the caller then writes them itself, after
+        `apply_pages`, so that they stay in order. ValueError: a write past the table."""
         if self.page_table is None:
             return False
         entries = self.page_table.shape[1]
         for _, first, pages in writes:  # a record past the table would write out of bounds
-            if first + len(pages) > entries:
-                raise ValueError(f"request needs {first + len(pages)} pages, the table holds "
-                                 f"{entries}")
+            write_end(first, pages, entries)
+        slots = {slot for slot, _, _ in writes}
         need = sum(-(-len(pages) // self.k) for _, _, pages in writes)
-        if self.page_records + need > PAGE_ROOM * self.capacity:
+        if (len(slots) < len(writes) or not slots.isdisjoint(self.page_slots)
+                or self.page_records + need > PAGE_ROOM * self.capacity):
             return False
         self.page_writes += writes
+        self.page_slots |= slots
         self.page_records += need
         return True
 
@@ -213,11 +215,10 @@ class RowStorage:
             self.apply_staged()
 
     def _pack_pages(self, first: int) -> int:
-        """The staged page writes as PAGES records from record `first` on (a slot written
-        twice: its entries collapsed first, the later write holding); the records packed."""
-        writes, self.page_writes, self.page_records = self.page_writes, [], 0
-        if len({slot for slot, _, _ in writes}) < len(writes):
-            writes = _collapsed(writes)
+        """The staged page writes as PAGES records from record `first` on; the records
+        packed."""
+        writes, self.page_writes, self.page_slots, self.page_records = (
+            self.page_writes, [], set(), 0)
         k, e = self.k, first
         for slot, start, pages in writes:
             for at in range(0, len(pages), k):
@@ -345,21 +346,3 @@ class RowStorage:
         batch.gates = self.gate_views(n)
         return batch
 
-
-def _collapsed(writes: list[PageWrite]) -> list[PageWrite]:
-    """The writes with each slot's entries merged in order (a later write's page over an
-    earlier one's), as runs of consecutive entries: no two of them write the same entry."""
-    table: dict[int, dict[int, int]] = {}
-    for slot, first, pages in writes:
-        table.setdefault(slot, {}).update(zip(range(first, first + len(pages)),
-                                              pages.tolist(), strict=True))
-    out: list[PageWrite] = []
-    for slot, entries in table.items():
-        run: list[int] = []
-        for entry in sorted(entries):
-            if run and entry != run[0] + len(run):
-                out.append((slot, run[0], np.array([entries[i] for i in run], np.int64)))
-                run = []
-            run.append(entry)
-        out.append((slot, run[0], np.array([entries[i] for i in run], np.int64)))
-    return out

@@ -16,6 +16,15 @@ from dllm_serve.utils.device import copy_to_device, to_device
 PageWrite = tuple[int, int, np.ndarray]  # (slot, first entry, page ids)
 
 
+def write_end(first: int, pages: np.ndarray, entries: int) -> int:
+    """The entry after a write of `pages` from `first`; ValueError past a table of `entries`
+    entries a slot."""
+    end = first + len(pages)
+    if end > entries:
+        raise ValueError(f"request needs {end} pages, the table holds {entries}")
+    return end
+
+
 class KVCache:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, max_req_slots: int, max_pages_per_req: int,
@@ -33,7 +42,7 @@ class KVCache:
 
     def map_pages(self, slot: int, first: int, pages: np.ndarray) -> None:
         """Write page-table entries [first, first + len(pages)) of request slot `slot`."""
-        end = self._end(first, pages)
+        end = write_end(first, pages, self.max_pages_per_req)
         copy_to_device(self.req_to_page[slot, first:end], np.asarray(pages, dtype=np.int64))
 
     def map_pages_many(self, writes: list[PageWrite]) -> None:
@@ -46,7 +55,7 @@ class KVCache:
         width = self.max_pages_per_req
         flat, vals = [], []
         for slot, first, pages in writes:
-            end = self._end(first, pages)
+            end = write_end(first, pages, self.max_pages_per_req)
             flat.append(np.arange(slot * width + first, slot * width + end, dtype=np.int64))
             vals.append(np.asarray(pages, dtype=np.int64))
         index, value = np.concatenate(flat), np.concatenate(vals)
@@ -56,14 +65,6 @@ class KVCache:
             index, value = index[last], value[last]
         both = to_device(np.stack([index, value]), self.req_to_page.device)
         self.req_to_page.view(-1).index_copy_(0, both[0], both[1])
-
-    def _end(self, first: int, pages: np.ndarray) -> int:
-        """The entry after a write of `pages` from `first`; ValueError past the table."""
-        end = first + len(pages)
-        if end > self.max_pages_per_req:
-            raise ValueError(f"request needs {end} pages, the table holds "
-                             f"{self.max_pages_per_req}")
-        return end
 
     def slots(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slot of each absolute position; req_slots and positions broadcast together."""
