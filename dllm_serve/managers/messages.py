@@ -23,7 +23,8 @@ finished is recognised and dropped.
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -327,11 +328,12 @@ class WorkerReport:
         return bool(self.retired is not None or self.preempted or self.failed)
 
     def __reduce__(self) -> tuple[type[WorkerReport], tuple[Any, ...]]:
-        """Pickled as its values in order (a dataclass pickles its field names with each
-        instance; the worker sends a report after every forward that retires a block)."""
-        return WorkerReport, (self.retired, self.preempted, self.failed, self.forwards,
-                              self.prefills, self.rounds, self.block_steps,
-                              self.idle_block_steps)
+        """Pickled as its fields' values in order (a dataclass pickles its field names with
+        each instance; the worker sends a report after every forward that retires a block)."""
+        return WorkerReport, _report_values(self)
+
+
+_report_values = attrgetter(*(f.name for f in fields(WorkerReport)))  # every field, in order
 
 
 @dataclass
