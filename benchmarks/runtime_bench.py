@@ -29,8 +29,9 @@ queues the rest, as an offline batch job does: a finished request's slot is refi
 scheduler's queue, without the round trip through the front and the client (each setting then
 needs a single concurrency).
 Per run: output tokens/s, and from the worker's trace (benchmarks/trace_summary.py) the device's
-busy and idle shares of the run, mean forward time and host work per forward. The JSON keeps
-every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
+busy and idle shares of the run, mean forward time and host work per forward (--no-trace: the
+workers run without their trace, whose timing events and writes are in those host figures; then
+tok/s only). The JSON keeps every run and the ratios FDFO / sync and W=2 / W=1 per concurrency.
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the worker's --dllm-multi-step in every setting")
     p.add_argument("--admit-ahead", type=int, default=None,
                    help="the engine's --dllm-admit-ahead in every setting (default: its own)")
+    p.add_argument("--no-trace", action="store_true",
+                   help="run the workers without their trace (its two timing events per "
+                   "device item and its writes, in every host figure otherwise): tok/s only, "
+                   "no busy / idle / host figures")
     p.add_argument("--out", default=None, help="JSON results")
     ns = p.parse_args(argv)
     if ns.clients == "engine" and max(len(ns.concurrency), len(ns.w2_concurrency),
@@ -180,7 +185,7 @@ def default_context() -> int:
 @dataclass
 class Opened:
     engine: Any
-    trace: str  # its worker's trace file
+    trace: str | None  # its worker's trace file (None: --no-trace)
     startup_s: float
     warmup_s: float
 
@@ -194,7 +199,8 @@ def run_suite(ns: argparse.Namespace, suite: Suite, settings: list[Setting],
     rows: list[dict[str, Any]] = []
     for group in groups:
         with ExitStack() as stack:
-            opened = {s.name: open_engine(stack, kws[s.name], str(tmp / f"{suite.name}_{s.name}"))
+            opened = {s.name: open_engine(stack, kws[s.name], None if ns.no_trace
+                                          else str(tmp / f"{suite.name}_{s.name}"))
                       for s in group}
             for c in sorted({c for s in group for c in s.concurrency}):
                 here = {s.name: opened[s.name] for s in group if c in s.concurrency}
@@ -202,14 +208,15 @@ def run_suite(ns: argparse.Namespace, suite: Suite, settings: list[Setting],
     return rows
 
 
-def open_engine(stack: ExitStack, kw: dict[str, Any], trace: str) -> Opened:
+def open_engine(stack: ExitStack, kw: dict[str, Any], trace: str | None) -> Opened:
     from dllm_serve import Engine
 
-    os.environ[TRACE_ENV] = trace  # read by the worker when it starts
+    if trace is not None:
+        os.environ[TRACE_ENV] = trace  # read by the worker when it starts
     t0 = time.monotonic()
     engine = stack.enter_context(Engine(**kw))
     startup = time.monotonic() - t0
-    del os.environ[TRACE_ENV]
+    os.environ.pop(TRACE_ENV, None)
     warmup = engine.get_server_info().get("startup", {}).get("warmup_s", 0.0)
     return Opened(engine, trace, startup, warmup)
 
@@ -265,21 +272,22 @@ async def closed_loop(engine: Any, prompts: list[str], params: dict[str, Any],
     return outs
 
 
-def timed(engine: Any, trace: str, prompts: list[str], params: dict[str, Any],
+def timed(engine: Any, trace: str | None, prompts: list[str], params: dict[str, Any],
           c: int, clients: str) -> dict[str, Any]:
     before = engine.get_server_info()["stats"]
     start = time.monotonic()
     outs = generate(engine, prompts, params, c, clients)
     end = time.monotonic()
     after = engine.get_server_info()["stats"]
-    time.sleep(0.3)  # the worker writes its last trace records once it is idle
+    if trace is not None:
+        time.sleep(0.3)  # the worker writes its last trace records once it is idle
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     per_block = [f for o in outs for f in o["meta_info"]["block_forwards"]]
     return {"wall_s": end - start, "output_tokens": tokens,
             "output_tokens_per_s": tokens / (end - start),
             "forwards_per_block_mean": sum(per_block) / max(1, len(per_block)),
             "scheduler_stats": {k: after[k] - before[k] for k in after},
-            **summarize(read_trace(trace, start, end))}
+            **({} if trace is None else summarize(read_trace(trace, start, end)))}
 
 
 def print_row(r: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -377,6 +378,31 @@ def test_runtime_bench_on_the_cpu(tmp_path: Path) -> None:
     assert turns == [a / b for a, b in zip(by["fdfo-w2"]["tok_s_repeats"],
                                            by["fdfo"]["tok_s_repeats"], strict=True)]
     assert min(turns) <= result["w2_over_w1_median"]["default-heldout C=2"] <= max(turns)
+
+
+def test_runtime_bench_without_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-trace: the engine's worker runs without a trace (none is asked for in its
+    environment, nothing is written), and a run reports tok/s without the trace's figures."""
+    import dllm_serve
+    from benchmarks import runtime_bench
+    from dllm_serve.managers.round_trace import TRACE_ENV
+
+    engine, seen = dllm_serve.Engine, []
+
+    def spy(**kw: Any) -> Any:  # the environment the worker process starts with
+        seen.append(os.environ.get(TRACE_ENV))
+        return engine(**kw)
+
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    monkeypatch.setattr(dllm_serve, "Engine", spy)
+    monkeypatch.setattr(runtime_bench, "read_trace", None)  # never called
+    result = runtime_bench.main(["--suite", "default-heldout", "--device", "cpu",
+                                 "--settings", "fdfo", "--w2-concurrency", "2",
+                                 "--max-new-tokens", "32", "--repeats", "1", "--no-trace"])
+    (run,) = result["runs"]
+    assert seen == [None]
+    assert run["output_tokens"] > 0 and run["output_tokens_per_s"] > 0
+    assert "busy_fraction" not in run and "host_ms_per_forward" not in run
 
 
 def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
