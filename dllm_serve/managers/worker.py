@@ -293,7 +293,6 @@ class Worker:
         run = self.runner.resident_run(n, layout.ids)
         if run is not None:
             return run
-        self.storage.apply_pages()  # an eager forward reads the page table as it is prepared
         c = layout.cols
         return self.runner.prepare_denoise(c.slots, c.first_starts, [1] * n, layout.ids)
 

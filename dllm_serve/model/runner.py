@@ -269,18 +269,24 @@ class ModelRunner:
         """The repeatable denoise run over the active blocks: request b's num_blocks[b] blocks
         from first_starts[b] (pages mapped), tokens `block_ids` (N, K) on the device, read as
         they are at each call (the algorithm edits them in place). Bucketed (CUDA graphs when
-        captured) when a bucket holds the batch, else eager forwards."""
+        captured) when a bucket holds the batch, else eager forwards. With a `before` hook
+        (warm_up) an eager run's batch is made in its first call, after the hook: its KV slots
+        and attention metadata read the page table, which the hook may write (the worker's
+        staged page mappings)."""
         if self.graphs is not None:
             run = self.graphs.prepare(slots, first_starts, num_blocks, block_ids)
             if run is not None:
                 return run
-        forward, before = self.eager_forward(slots, first_starts, num_blocks, block_ids), \
-            self.before_denoise
+        before = self.before_denoise
         if before is None:
-            return DenoiseRun(forward)
+            return DenoiseRun(self.eager_forward(slots, first_starts, num_blocks, block_ids))
+        forward: Forward | None = None
 
         def run() -> torch.Tensor:
+            nonlocal forward
             before()
+            if forward is None:
+                forward = self.eager_forward(slots, first_starts, num_blocks, block_ids)
             return forward()
 
         return DenoiseRun(run)
