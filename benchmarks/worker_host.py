@@ -10,6 +10,7 @@ forward costs when requests join and leave every few forwards.
         # the held-out problems' shape (~3 forwards a block, short answers), W = 2 as on CUDA,
         # a pool that never evicts (as a GPU's)
     python benchmarks/worker_host.py --messages ...     # + the messages through the wire codec
+    python benchmarks/worker_host.py --phases ...       # + us a block of each worker phase
 
 The scheduler and the worker run in one process (tests/local_engine.py's LocalEngine) on the CPU
 (with --messages their messages go through the wire codec as between the processes, each side's
@@ -30,7 +31,10 @@ rows whose readout the worker refreshed (Worker._refresh): a machine-independent
 per-row host work. With --count-ops also the torch operator calls per forward inside
 `ResidentBatch.layout` (the layout changes' row writes and views) and in the whole worker without
 the denoise items: each costs tens of microseconds of host time on a GPU (a dispatch, often a
-launch), a machine-independent count of that part of the host's work.
+launch), a machine-independent count of that part of the host's work. With --phases also the
+worker's host us per committed block in each of its phases (`PHASES`: applying the scheduler's
+changes, joins, the layout patch, collecting a readout and within it the flags, the refreshes
+and the retire / open pass, the report), timed in a second run.
 """
 
 from __future__ import annotations
@@ -183,6 +187,44 @@ def op_counts(*args: Any) -> dict[str, float]:
             "worker_ops_per_forward": (calls["worker"] + calls["layout"]) / forwards}
 
 
+# the worker's phases timed by --phases: (name, the object's path from the worker, method);
+# the times are inclusive (collect holds readout flags, refresh and advance)
+PHASES = (("changes", "", "apply_all"), ("join", "flow", "join"), ("layout", "batch", "layout"),
+          ("collect", "", "collect"), ("readout flags", "", "_notable"),
+          ("refresh", "", "_refresh"), ("advance", "flow", "advance"),
+          ("report", "report", "take"))
+
+
+def phase_times(*args: Any) -> dict[str, dict[str, float]]:
+    """Per committed block, the host us of each of the worker's phases (PHASES) over one whole
+    run, each method timed where it is called (a timer's own ~0.2 us a call included), and
+    their calls per forward: where the worker's time a block goes, without a profiler's
+    distortion of Python calls."""
+    e = loaded(*args)
+    spent = {name: [0.0, 0] for name, _, _ in PHASES}
+    for name, path, method in PHASES:
+        owner = getattr(e.worker, path) if path else e.worker
+        setattr(owner, method, _timer(getattr(owner, method), spent[name]))
+    while e.step():
+        pass
+    blocks = max(1, e.sched.stats["committed_blocks"])
+    forwards = max(1, sum(r.forwards for r in e.reports))
+    return {"phase_us_per_block": {n: 1e6 * t / blocks for n, (t, _) in spent.items()},
+            "phase_calls_per_forward": {n: c / forwards for n, (_, c) in spent.items()}}
+
+
+def _timer(fn: Any, into: list[Any]) -> Any:
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            into[0] += time.perf_counter() - t0
+            into[1] += 1
+
+    return timed
+
+
 def wire(e: LocalEngine) -> None:
     """The processes' messages through the one codec (messages.encode / decode; not ZMQ's
     sockets), each side's share in its own time: the scheduler encodes its batch of changes and
@@ -318,9 +360,13 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     else:
         row = median_of([measure(*args) for _ in range(ns.repeats)])
     ops = ""
+    if ns.phases:
+        row.update(phase_times(*args))
+        ops += "; us a block: " + ", ".join(f"{n} {v:.1f}"
+                                            for n, v in row["phase_us_per_block"].items())
     if ns.count_ops:
         row.update(op_counts(*args))
-        ops = (f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout(), "
+        ops += (f", {row['layout_ops_per_forward']:.2f} torch ops per forward in layout(), "
                f"{row['worker_ops_per_forward']:.2f} in the worker without the step")
     print(f"{row['mode']:5s} running={running:3d} depth={ns.depth} W={ns.wavefront}: worker host "
           f"{row['worker_host_ms_per_forward']:.3f} ms/forward "
@@ -361,6 +407,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--profile", help="write cProfile stats to PREFIX.<mode>.<running>")
     ap.add_argument("--count-ops", action="store_true",
                     help="also count torch operator calls per forward in layout() (a second run)")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time the worker's phases per committed block (a second run)")
     ap.add_argument("--out", help="JSON results")
     ns = ap.parse_args(argv)
     threads = torch.get_num_threads()

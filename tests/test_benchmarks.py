@@ -405,6 +405,22 @@ def test_runtime_bench_without_the_trace(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "busy_fraction" not in run and "host_ms_per_forward" not in run
 
 
+def test_worker_host_benchmark_times_the_workers_phases() -> None:
+    """--phases: each phase of the worker timed per committed block, the nested ones within
+    collect (inclusive times), one collect and one report a forward, a refresh per row the
+    readouts flagged."""
+    from benchmarks import worker_host
+
+    (row,) = worker_host.main(["--running", "8", "--modes", "fdfo", "--prompts-per-slot", "2",
+                               "--max-new-tokens", "64", "--wavefront", "2", "--phases"])
+    us, calls = row["phase_us_per_block"], row["phase_calls_per_forward"]
+    assert set(us) == {name for name, _, _ in worker_host.PHASES} == set(calls)
+    assert all(v > 0 for v in us.values())
+    assert us["collect"] > us["readout flags"] + us["refresh"] + us["advance"]
+    assert calls["collect"] == calls["readout flags"] == calls["advance"] == 1.0
+    assert calls["refresh"] > 0
+
+
 def test_worker_host_benchmark_counts_layout_ops(tmp_path: Path) -> None:
     """benchmarks/worker_host.py: every request finishes; FDFO changes its layout about every
     forward (row writes: torch ops in layout()), sync only at batch boundaries; the worker's
