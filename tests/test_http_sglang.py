@@ -164,6 +164,9 @@ def test_health_generate_answers_fast_while_busy(server: Server) -> None:
 
 def test_openapi_documents_every_route_truthfully(server: Server) -> None:
     schema = ok(server.get("/openapi.json"))
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)), "operationIds must be unique (OpenAPI)"
+    assert {"get", "post"} <= set(schema["paths"]["/flush_cache"])
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
             assert "422" not in op["responses"], (method, path)

@@ -98,9 +98,11 @@ def _info(app: FastAPI, ctx: ServerContext) -> None:
     async def get_load() -> list[dict[str, Any]]:
         return [load(await asyncio.to_thread(ctx.scheduler_info))]
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse,
-                   **Doc(text=True, errors=(400, *ENGINE)).route_kwargs())
-    async def flush_cache() -> Response:
+    flush_doc = Doc(text=True, errors=(400, *ENGINE)).route_kwargs()
+
+    @app.get("/flush_cache", response_class=PlainTextResponse, **flush_doc)
+    @app.post("/flush_cache", response_class=PlainTextResponse, **flush_doc)  # (a route of
+    async def flush_cache() -> Response:  # its own per method: an operationId each)
         """Empty the radix prefix cache (SGLang's route): 200 and a line of text, or a 400
         while requests are running or waiting (nothing is flushed then)."""
         result = await asyncio.to_thread(ctx.flush_cache)
