@@ -34,7 +34,7 @@ the denoise items: each costs tens of microseconds of host time on a GPU (a disp
 launch), a machine-independent count of that part of the host's work. With --phases also the
 worker's host us per committed block in each of its phases (`PHASES`: applying the scheduler's
 changes, joins, the layout patch, collecting a readout and within it the flags, the refreshes
-and the retire / open pass, the report), timed in a second run.
+and the retire / open pass, the report), timed in --repeats more runs (medians).
 """
 
 from __future__ import annotations
@@ -360,8 +360,10 @@ def setting(ns: argparse.Namespace, running: int, mode: str) -> dict[str, Any]:
     else:
         row = median_of([measure(*args) for _ in range(ns.repeats)])
     ops = ""
-    if ns.phases:
-        row.update(phase_times(*args))
+    if ns.phases:  # the median of --repeats runs, phase by phase (a run may hold a pause)
+        runs = [phase_times(*args) for _ in range(ns.repeats)]
+        row.update({key: {n: statistics.median(r[key][n] for r in runs) for n in runs[0][key]}
+                    for key in runs[0]})
         ops += "; us a block: " + ", ".join(f"{n} {v:.1f}"
                                             for n, v in row["phase_us_per_block"].items())
     if ns.count_ops:
@@ -408,7 +410,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--count-ops", action="store_true",
                     help="also count torch operator calls per forward in layout() (a second run)")
     ap.add_argument("--phases", action="store_true",
-                    help="also time the worker's phases per committed block (a second run)")
+                    help="also time the worker's phases per committed block (in --repeats "
+                         "more runs: their medians)")
     ap.add_argument("--out", help="JSON results")
     ns = ap.parse_args(argv)
     threads = torch.get_num_threads()
