@@ -115,7 +115,7 @@ def llada2_tensor_specs(cfg: dict[str, Any]) -> Iterator[Spec]:
         yield from _attention_specs(cfg, f"{p}.attention")
         yield f"{p}.post_attention_layernorm.weight", (hidden,), "norm"
         if layer < cfg["first_k_dense_replace"] or not cfg["num_experts"]:
-            yield from _mlp_specs(f"{p}.mlp", hidden, cfg["intermediate_size"])
+            yield from mlp_specs(f"{p}.mlp", hidden, cfg["intermediate_size"])
         else:
             yield from _moe_specs(cfg, f"{p}.mlp")
     yield "model.norm.weight", (hidden,), "norm"
@@ -137,7 +137,8 @@ def _attention_specs(cfg: dict[str, Any], p: str) -> Iterator[Spec]:
         yield f"{p}.dense.bias", (hidden,), "bias"
 
 
-def _mlp_specs(p: str, hidden: int, inter: int) -> Iterator[Spec]:
+def mlp_specs(p: str, hidden: int, inter: int) -> Iterator[Spec]:
+    """A gated MLP's three projections (an expert's, a shared expert's, a dense layer's)."""
     yield f"{p}.gate_proj.weight", (inter, hidden), "weight"
     yield f"{p}.up_proj.weight", (inter, hidden), "weight"
     yield f"{p}.down_proj.weight", (hidden, inter), "weight"
@@ -149,9 +150,9 @@ def _moe_specs(cfg: dict[str, Any], p: str) -> Iterator[Spec]:
     if cfg["moe_router_enable_expert_bias"]:
         yield f"{p}.gate.expert_bias", (experts,), "bias"
     for e in range(experts):
-        yield from _mlp_specs(f"{p}.experts.{e}", hidden, inter)
+        yield from mlp_specs(f"{p}.experts.{e}", hidden, inter)
     if cfg["num_shared_experts"]:
-        yield from _mlp_specs(f"{p}.shared_experts", hidden, inter * cfg["num_shared_experts"])
+        yield from mlp_specs(f"{p}.shared_experts", hidden, inter * cfg["num_shared_experts"])
 
 
 def generation_config(cfg: dict[str, Any]) -> dict[str, Any]:

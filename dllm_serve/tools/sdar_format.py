@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from dllm_serve.tools.llada2_format import Spec, write_json
+from dllm_serve.tools.llada2_format import Spec, mlp_specs, write_json
 
 EOS, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"
 FIRST_SPECIAL_ID = 151643
@@ -123,7 +123,7 @@ def sdar_tensor_specs(cfg: dict[str, Any]) -> Iterator[Spec]:
         if _is_sparse(cfg, layer):
             yield from _moe_specs(cfg, f"{p}.mlp")
         else:
-            yield from _mlp_specs(f"{p}.mlp", hidden, cfg["intermediate_size"])
+            yield from mlp_specs(f"{p}.mlp", hidden, cfg["intermediate_size"])
     yield "model.norm.weight", (hidden,), "norm"
     if not cfg["tie_word_embeddings"]:
         yield "lm_head.weight", (vocab, hidden), "weight"
@@ -149,17 +149,11 @@ def _attention_specs(cfg: dict[str, Any], p: str) -> Iterator[Spec]:
     yield f"{p}.k_norm.weight", (d,), "norm"
 
 
-def _mlp_specs(p: str, hidden: int, inter: int) -> Iterator[Spec]:
-    yield f"{p}.gate_proj.weight", (inter, hidden), "weight"
-    yield f"{p}.up_proj.weight", (inter, hidden), "weight"
-    yield f"{p}.down_proj.weight", (hidden, inter), "weight"
-
-
 def _moe_specs(cfg: dict[str, Any], p: str) -> Iterator[Spec]:
     hidden, experts = cfg["hidden_size"], cfg["num_experts"]
     yield f"{p}.gate.weight", (experts, hidden), "weight"
     for e in range(experts):
-        yield from _mlp_specs(f"{p}.experts.{e}", hidden, cfg["moe_intermediate_size"])
+        yield from mlp_specs(f"{p}.experts.{e}", hidden, cfg["moe_intermediate_size"])
 
 
 def generation_config(cfg: dict[str, Any]) -> dict[str, Any]:
