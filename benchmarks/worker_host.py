@@ -32,9 +32,11 @@ per-row host work. With --count-ops also the torch operator calls per forward in
 `ResidentBatch.layout` (the layout changes' row writes and views) and in the whole worker without
 the denoise items: each costs tens of microseconds of host time on a GPU (a dispatch, often a
 launch), a machine-independent count of that part of the host's work. With --phases also the
-worker's host us per committed block in each of its phases (`PHASES`: applying the scheduler's
-changes, joins, the layout patch, collecting a readout and within it the flags, the refreshes
-and the retire / open pass, the report), timed in --repeats more runs (medians).
+worker's and the scheduler's host us per committed block in each of their phases (`PHASES`: the
+worker applying the scheduler's changes, joins, the layout patch, collecting a readout and
+within it the flags, the refreshes and the retire / open pass, the report; the scheduler taking
+a report and within it the cache inserts and finish checks, admitting), timed in --repeats
+more runs (medians).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import argparse
 import statistics
 import sys
 import time
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -187,23 +190,30 @@ def op_counts(*args: Any) -> dict[str, float]:
             "worker_ops_per_forward": (calls["worker"] + calls["layout"]) / forwards}
 
 
-# the worker's phases timed by --phases: (name, the object's path from the worker, method);
-# the times are inclusive (collect holds readout flags, refresh and advance)
-PHASES = (("changes", "", "apply_all"), ("join", "flow", "join"), ("layout", "batch", "layout"),
-          ("collect", "", "collect"), ("readout flags", "", "_notable"),
-          ("refresh", "", "_refresh"), ("advance", "flow", "advance"),
-          ("report", "report", "take"))
+# the phases timed by --phases: (name, the object's path in the LocalEngine, method); the
+# times are inclusive (the worker's collect holds its readout flags, refresh and advance; the
+# scheduler's report holds its commits' cache inserts and finish checks, its admission the
+# admitted requests' pages)
+PHASES = (("changes", "worker", "apply_all"), ("join", "worker.flow", "join"),
+          ("layout", "worker.batch", "layout"), ("collect", "worker", "collect"),
+          ("readout flags", "worker", "_notable"), ("refresh", "worker", "_refresh"),
+          ("advance", "worker.flow", "advance"), ("report", "worker.report", "take"),
+          ("scheduler: report", "sched", "on_report"),
+          ("scheduler: cache insert", "sched.pages", "cache"),
+          ("scheduler: finish check", "sched.finish", "commit"),
+          ("scheduler: admission", "sched", "schedule"),
+          ("scheduler: admission pages", "sched.pages", "start"))
 
 
 def phase_times(*args: Any) -> dict[str, dict[str, float]]:
-    """Per committed block, the host us of each of the worker's phases (PHASES) over one whole
-    run, each method timed where it is called (a timer's own ~0.2 us a call included), and
-    their calls per forward: where the worker's time a block goes, without a profiler's
-    distortion of Python calls."""
+    """Per committed block, the host us of each phase (PHASES) of the worker and the scheduler
+    over one whole run, each method timed where it is called (a timer's own ~0.2 us a call
+    included), and their calls per forward: where each process's time a block goes, without a
+    profiler's distortion of Python calls."""
     e = loaded(*args)
     spent = {name: [0.0, 0] for name, _, _ in PHASES}
     for name, path, method in PHASES:
-        owner = getattr(e.worker, path) if path else e.worker
+        owner = attrgetter(path)(e)
         setattr(owner, method, _timer(getattr(owner, method), spent[name]))
     while e.step():
         pass

@@ -406,9 +406,9 @@ def test_runtime_bench_without_the_trace(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_worker_host_benchmark_times_the_workers_phases() -> None:
-    """--phases: each phase of the worker timed per committed block, the nested ones within
-    collect (inclusive times), one collect and one report a forward, a refresh per row the
-    readouts flagged."""
+    """--phases: each phase of the worker and the scheduler timed per committed block, the
+    nested ones within theirs (inclusive times), one collect and one report a forward, a
+    refresh per row the readouts flagged."""
     from benchmarks import worker_host
 
     (row,) = worker_host.main(["--running", "8", "--modes", "fdfo", "--prompts-per-slot", "2",
@@ -417,6 +417,9 @@ def test_worker_host_benchmark_times_the_workers_phases() -> None:
     assert set(us) == {name for name, _, _ in worker_host.PHASES} == set(calls)
     assert all(v > 0 for v in us.values())
     assert us["collect"] > us["readout flags"] + us["refresh"] + us["advance"]
+    assert us["scheduler: report"] > us["scheduler: cache insert"] + us[
+        "scheduler: finish check"]
+    assert us["scheduler: admission"] > us["scheduler: admission pages"]
     assert calls["collect"] == calls["readout flags"] == calls["advance"] == 1.0
     assert calls["refresh"] > 0
 
