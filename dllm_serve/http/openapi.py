@@ -28,6 +28,11 @@ DESCRIPTIONS = {400: "Invalid request", 401: "Missing or wrong API key", 404: "N
                 503: "Starting, draining, dead, queue full, or the engine did not answer"}
 SSE_DOC = ("Server-sent events when `stream` is true: `data: {json}` frames (one chunk per "
            "committed block), an error as `data: {\"error\": {...}}`, then `data: [DONE]`.")
+# one event of such a stream, as an SSE parser reads it (the WHATWG fields; `event` is
+# "message" by default): before OpenAPI 3.2 a text/event-stream schema describes each event
+SSE_EVENT = {"type": "object", "description": SSE_DOC, "required": ["data"], "properties": {
+    "data": {"type": "string", "description": "a JSON chunk, an error object or [DONE]"},
+    "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,7 @@ class Doc:
             code: {"model": ErrorResponse, "description": DESCRIPTIONS[code]}
             for code in self.errors}
         if self.stream:
-            responses[200] = {"content": {"text/event-stream": {
-                "schema": {"type": "string", "description": SSE_DOC}}}}
+            responses[200] = {"content": {"text/event-stream": {"schema": SSE_EVENT}}}
         if self.text:
             responses[200] = {"content": {"text/plain": {"schema": {"type": "string"}}}}
         extra: dict[str, Any] = dict(self.extra)
