@@ -276,8 +276,9 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             pages_per_slot: int = 16, messages: bool = False) -> dict[str, Any]:
     e = loaded(running, fdfo, depth, per_slot, new_tokens, seed, wavefront, mean_forwards,
                radix, gated, pages_per_slot, messages)
-    worker_s = sched_s = step_s = 0.0
-    iterate, trace = e.worker.iterate, e.worker._trace
+    sched_s = step_s = 0.0
+    worker_t = [0.0, 0]  # the worker's time and iterations (_timer)
+    trace = e.worker._trace
 
     def timed_trace(kind: str, fn: Any, rows: int = 0) -> Any:
         """The denoise item: what a GPU runs in its graph (the inbox, forward, step)."""
@@ -289,14 +290,6 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
             if kind == "denoise":
                 step_s += time.perf_counter() - t0
 
-    def timed_iterate(items: list[Any]) -> Any:
-        nonlocal worker_s
-        t0 = time.perf_counter()
-        try:
-            return iterate(items)
-        finally:
-            worker_s += time.perf_counter() - t0
-
     refreshes = 0
     refresh = e.worker._refresh
 
@@ -305,7 +298,7 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
         refreshes += 1
         refresh(*args)
 
-    e.worker.iterate = timed_iterate  # type: ignore[method-assign]
+    e.worker.iterate = _timer(e.worker.iterate, worker_t)  # type: ignore[method-assign]
     e.worker._trace = timed_trace  # type: ignore[method-assign]
     e.worker._refresh = counted_refresh  # type: ignore[method-assign]
     t0 = time.perf_counter()
@@ -313,6 +306,7 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
     while e.step():
         steps += 1
     wall = time.perf_counter() - t0
+    worker_s = worker_t[0]
     sched_s = wall - worker_s
     forwards = sum(r.forwards for r in e.reports)
     blocks = e.sched.stats["committed_blocks"]
