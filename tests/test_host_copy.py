@@ -140,6 +140,50 @@ def test_messages_wrap_around_the_slots() -> None:
         ring.post(message(1, width, 0))
 
 
+class FakeEvent:
+    """A CUDA event's calls, logged (the fence bookkeeping, tested on any machine)."""
+
+    def __init__(self, log: list[tuple[str, int]], slot: int) -> None:
+        self.log, self.slot = log, slot
+
+    def record(self, stream: object) -> None:
+        self.log.append(("record", self.slot))
+
+    def synchronize(self) -> None:
+        self.log.append(("wait", self.slot))
+
+
+def test_a_slot_is_rewritten_after_its_fetch_ran_without_a_device_call_when_known() -> None:
+    """Each slot's fence is recorded once the fetch of its message is queued (at the next
+    post) and waited on before the slot is written again, unless `ran` says that fetch has
+    run; no event is made per message (each slot keeps its own)."""
+    from dllm_serve.kernels.host_copy import StageRing
+
+    width, slots = 2, 3
+    ring = StageRing(1 + 2 * width, width, torch.device("cpu"), slots=slots)
+    log: list[tuple[str, int]] = []
+    ring.cuda, ring.fences = True, [FakeEvent(log, i) for i in range(slots)]
+    fences = list(ring.fences)
+    for i in range(slots):  # messages for fetches 0, 1, 2
+        ring.post(message(1, width, i))
+        ring.replayed()  # a fetch queued (a graph's)
+    assert log == [("record", 0), ("record", 1)]  # fetch 2's fence: at the next post
+    log.clear()
+    ring.ran(1)  # fetch 0 has run: slot 0 is free without waiting
+    ring.post(message(1, width, 3))
+    assert log == [("record", 2)]
+    ring.replayed()
+    log.clear()
+    ring.post(message(1, width, 4))  # slot 1: fetch 1 not known to have run
+    assert log == [("record", 0), ("wait", 1)]
+    ring.replayed()
+    log.clear()
+    ring.ran(5)  # every fetch so far has run
+    ring.post(message(1, width, 5))
+    assert log == [("record", 1)]
+    assert ring.fences == fences and ring.queued == 5
+
+
 @pytest.mark.gpu
 def test_replays_take_the_messages_posted_for_them_behind_queued_work() -> None:
     """The forward graphs' pattern: a captured graph that fetches and logs what it got,

@@ -83,39 +83,50 @@ class StageRing:
         c and then c records of `width` values; its tag is the number of the fetch that must
         take it, `queued` when posted (the next fetch queued). Invariants (the caller's): at
         most one message per fetch; `queued` counts every fetch queued (`fetch` called eagerly
-        counts itself; a replay of a graph holding a fetch: `replayed`)."""
+        counts itself; a replay of a graph holding a fetch: `replayed`).
+
+        A slot is written again only once the fetch of the message it held has run: known
+        from `ran` (the caller saw a later point of the stream complete: the worker's readouts)
+        without a device call, else waited for through the slot's fence, an event recorded
+        after that fetch was queued (one event per slot, recorded again each time: no event
+        is created per message)."""
         self.slots, self.elems, self.width = slots, elems, width
         self.host = torch.full((slots, 1 + elems), -1, dtype=torch.int64,
                                pin_memory=device.type == "cuda")
         self.np = self.host.numpy()
         self.cursor = torch.zeros(1, dtype=torch.int64, device=device)
         self.queued = 0  # fetches queued so far (the device's cursor, in stream order)
+        self.done = 0  # fetches known to have run on the device (`ran`)
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.current_stream(device) if self.cuda else None
         self.unfenced: list[int] = []  # slots posted whose fetch was not yet queued
-        self.done: list[torch.cuda.Event | None] = [None] * slots  # after each slot's fetch
+        self.fences = [torch.cuda.Event() for _ in range(slots)] if self.cuda else []
+        self.fenced = [False] * slots  # the slot's fence stands for its message's fetch
+        self.tags = [-1] * slots  # the tag of each slot's last message
         self.last_tag = -1
 
     def post(self, message: np.ndarray) -> None:
         """Write message (n,) int64, n <= elems, for the next fetch queued."""
         n, tag = message.shape[0], self.queued
         assert n <= self.elems and tag > self.last_tag, "one message per fetch"
-        if self.unfenced:  # their fetches are queued now: mark where they end
-            event = torch.cuda.Event() if self.cuda else None  # the CPU: run already
-            if event is not None:
-                event.record(self.stream)
-            for slot in self.unfenced:
-                self.done[slot] = event
-            self.unfenced = []
+        for slot in self.unfenced:  # their fetches are queued now: mark where they end
+            if self.cuda:  # (the CPU: run already)
+                self.fences[slot].record(self.stream)
+                self.fenced[slot] = True
+        self.unfenced = []
         slot = tag % self.slots
-        fence = self.done[slot]
-        if fence is not None:  # the fetch of the message this slot held has run (long since)
-            fence.synchronize()
-            self.done[slot] = None
+        if self.fenced[slot] and self.tags[slot] >= self.done:  # its fetch may not have run
+            self.fences[slot].synchronize()
+        self.fenced[slot] = False
         self.np[slot, 1:1 + n] = message
         self.np[slot, 0] = tag  # the tag last: a fetch that sees it sees the message
-        self.last_tag = tag
+        self.tags[slot] = self.last_tag = tag
         self.unfenced.append(slot)
+
+    def ran(self, fetches: int) -> None:
+        """The first `fetches` fetches have run on the device (the caller waited for a point
+        of the stream after the last of them was queued)."""
+        self.done = max(self.done, fetches)
 
     def fetch(self, dst: torch.Tensor) -> None:
         """Queue: if the slot of fetch number `cursor` holds its message, dst[:1 + c * w] :=

@@ -249,9 +249,20 @@ class RowStorage:
         self.rows_sent = rows
 
     def replayed(self) -> None:
-        """A CUDA graph that captured `apply_staged` was replayed (its fetch ran)."""
+        """A CUDA graph that captured `apply_staged` was replayed (its fetch was queued)."""
         if self.ring is not None:
             self.ring.replayed()
+
+    @property
+    def fetches(self) -> int:
+        """The inbox fetches queued so far (CUDA; 0 elsewhere): what `ran` takes."""
+        return 0 if self.ring is None else self.ring.queued
+
+    def ran(self, fetches: int) -> None:
+        """The first `fetches` fetches have run (the caller read a readout queued after
+        them): their messages' slots may be written again without a device call."""
+        if self.ring is not None:
+            self.ring.ran(fetches)
 
     def apply_staged(self) -> None:
         """Apply the inbox on the device (the runner's hook before each denoise forward; no

@@ -79,6 +79,7 @@ class Launch:
     steps: np.ndarray  # (N,) each row's forwards, this one included
     readout: Pending
     failed: list[DeviceReq]
+    fetches: int  # the row storage's fetches queued up to this one's (it ran them once read)
 
 
 class Worker:
@@ -283,7 +284,7 @@ class Worker:
         self.report.msg.forwards += 1
         self.report.msg.block_steps += len(layout.rows)
         return Launch(layout, layout.steps.copy(), self.readback.start(readout),
-                      [layout.reqs[i] for i in failed])
+                      [layout.reqs[i] for i in failed], self.storage.fetches)
 
     def _prepare(self, layout: Layout) -> DenoiseRun:
         """The runner's run over the layout's rows: the one of its row count where the forward
@@ -304,6 +305,7 @@ class Worker:
         t0 = time.monotonic()
         data = launch.readout.get()
         wait = time.monotonic() - t0
+        self.storage.ran(launch.fetches)
         self.wait_s += wait
         self.pacing.observe(wait)
         for req in launch.failed:
