@@ -78,3 +78,50 @@ def test_collections_are_traced_while_the_tracer_lives(tmp_path: Path) -> None:
     gc.collect()  # the tracer itself is gone before this collection
     assert sum(r["kind"] == "gc" for r in records(path)) == 1
 
+
+
+class ClockEvent:
+    """A timing CUDA event on a fake device clock (each record reads the next tick)."""
+
+    made = 0
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        ClockEvent.made += 1
+        self.t: float | None = None
+
+    def record(self, stream: object = None) -> None:
+        ClockEvent.clock += 1.0
+        self.t = ClockEvent.clock
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: ClockEvent) -> float:
+        assert self.t is not None and end.t is not None
+        return end.t - self.t
+
+
+def test_timing_events_are_recorded_again_once_their_items_are_timed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the tracer takes its events from a pool: 100 items timed three at a time make
+    a handful of events, not two per item, and every item's device time and gap are still
+    read from its own two events (a fake device clock: one tick per record)."""
+    monkeypatch.setattr(round_trace, "PENDING", 3)
+    monkeypatch.setattr(torch.cuda, "Event", ClockEvent)
+    ClockEvent.made, ClockEvent.clock = 0, 0.0
+    path = tmp_path / "trace.jsonl"
+    tracer = Tracer(str(path), torch.device("cpu"), {})
+    tracer.cuda = True  # the CUDA path, on the fake events
+    for i in range(100):
+        tracer.run("denoise", lambda: None, rows=i)
+    tracer._flush()
+    tracer._encode()
+    tracer.out.flush()
+    items = [r for r in records(path) if r["kind"] == "denoise"]
+    assert [r["rows"] for r in items] == list(range(100))
+    # item i's events are ticks 2i + 1 and 2i + 2: 1 tick of work, 1 tick after the last item
+    assert all(r["gpu_ms"] == 1.0 for r in items)
+    assert [r["gap_ms"] for r in items] == [0.0] + [1.0] * 99
+    assert ClockEvent.made <= 2 * 3 + 2

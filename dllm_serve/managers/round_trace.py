@@ -15,8 +15,10 @@ With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON line
   collect (wait_ms included) + report; the rest is receiving and sending messages.
 Items are timed when the worker goes idle (`settle`) or once PENDING of them wait, never in
 the busy loop one by one (reading two events' times per forward cost tens of microseconds of
-the very host time the trace measures), and never waiting for the device while busy. The
-readers are in benchmarks/trace_summary.py.
+the very host time the trace measures), and never waiting for the device while busy. Their
+timing events come from a pool: an item's are recorded again for a later item once it is
+timed (making and destroying two CUDA events per item was host time the trace added to what
+it measures). The readers are in benchmarks/trace_summary.py.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 import torch
-
-from dllm_serve.utils.device import record_event
 
 TRACE_ENV = "DLLM_SERVE_ROUND_TRACE"
 KEEP = 1 << 16  # records held before encoding
@@ -49,6 +49,7 @@ class Tracer:
         self.records: list[dict[str, Any]] = []
         self.pending: list[tuple[dict[str, Any], Any, Any]] = []
         self.prev_end: Any = None
+        self.free: list[Any] = []  # timing events whose items are timed (CUDA)
         now = time.monotonic()
         self._write({"kind": "worker", "t0": now, "t1": now, **header})
         # on disk at once: the worker is built before it reports ready, so a reader that
@@ -98,7 +99,9 @@ class Tracer:
     def _mark(self) -> Any:
         if not self.cuda:
             return time.perf_counter()
-        return record_event(self.stream, timing=True)
+        event = self.free.pop() if self.free else torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        return event
 
     def _flush(self) -> None:
         """Time and write the pending items whose end has run, oldest first."""
@@ -108,6 +111,8 @@ class Tracer:
             record["gpu_ms"] = self._ms(start, end)
             record["gap_ms"] = 0.0 if self.prev_end is None else max(
                 0.0, self._ms(self.prev_end, start))
+            if self.cuda:  # both have run (start precedes end): free to be recorded again
+                self.free += [start] if self.prev_end is None else [start, self.prev_end]
             self.prev_end = end
             self._write(record)
             done += 1

@@ -109,11 +109,3 @@ def copy_to_device(dst: torch.Tensor, array: np.ndarray) -> None:
         return
     dst.copy_(_ring(dst.device).stage(np.ascontiguousarray(array)), non_blocking=True)
 
-
-def record_event(stream: torch.cuda.Stream, timing: bool = False) -> torch.cuda.Event:
-    """A CUDA event recorded on `stream` (held by the caller: `Event.record()` without a stream
-    asks torch.cuda.current_stream() each time, tens of microseconds of Python per call on the
-    worker's per-forward path)."""
-    event = torch.cuda.Event(enable_timing=timing)
-    event.record(stream)
-    return event
