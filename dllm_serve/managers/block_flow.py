@@ -44,6 +44,9 @@ class BlockFlow:
         self.block_forwards = 0.0  # retired blocks' forwards, a moving average
         self.window = mode.rows_per_request  # most blocks a request holds, a gated one too
         self.spawn_below = mode.wavefront.size  # a ready frontier spawns behind it below W
+        # FDFO with one block a request and nothing placed ahead: a candidate's one block has
+        # converged, so it retires and its next block opens if it fits (what `plan` says then)
+        self.one_block = mode.fdfo and self.window == 1 and not self.gate
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
@@ -104,6 +107,11 @@ class BlockFlow:
             self.flagged.clear()
             self.boundary |= not any_active
             return
+        if self.one_block:
+            self._retire_open(cands)
+            self.flagged.clear()  # every candidate retired its block; a new one is unflagged
+            self.boundary |= not any_active
+            return
         # plan's inputs, one per candidate: leading converged blocks, blocks, a ready
         # frontier (a gated frontier reads False), room after it
         p = plan(self.mode, [_leading(r.blocks) for r in cands], [len(r.blocks) for r in cands],
@@ -121,6 +129,17 @@ class BlockFlow:
         if self.mode.fdfo:
             self.flagged = {id(r): r for r in cands if r.alive and self._candidate(r)}
         self.boundary |= p.boundary or not any_active
+
+    def _retire_open(self, cands: list[DeviceReq]) -> None:
+        """FDFO, one block a request (`one_block`): each candidate retires its converged
+        block, then opens its next one if it goes on and the block fits (else it parks)."""
+        self.report.msg.rounds += 1
+        for req in cands:
+            if self._retire(req, 1):
+                if self._can_open(req):
+                    self.batch.open_block(req)
+                else:
+                    self.parked.append(req)
 
     def join(self) -> None:
         """Admitted requests join (in admission order, while the batch holds fewer than
