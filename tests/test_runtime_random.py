@@ -136,38 +136,6 @@ def test_random_workload_keeps_pools_whole(ops: list[tuple], fdfo: bool, wavefro
             assert last.completion_tokens == last.finish_reason["length"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, needs=st.lists(st.integers(2, 6), min_size=8, max_size=8),
-       depth=st.sampled_from([1, 2]), mrr=st.sampled_from([3, 8]))
-def test_one_block_fdfo_retires_and_opens_as_the_plan_says(ops: list[tuple], needs: list[int],
-                                                          depth: int, mrr: int) -> None:
-    """FDFO with one block a request (W = 1, nothing gated) skips `plan` (BlockFlow's
-    `one_block`): the same workload run through `plan` sends the same reports (every block
-    retired in the same forward, order, tokens and counts) and the same outputs."""
-    runs = []
-    for one_block in (True, False):
-        e = scripted_engine(fdfo=True, mrr=mrr, pages=8 * mrr, depth=depth,
-                            need=lambda start: needs[(start // K) % len(needs)])
-        assert e.worker.flow.one_block
-        e.worker.flow.one_block = one_block
-        submitted: list[str] = []
-        for op in ops:
-            apply(e, op, submitted)
-        for _ in range(3000):
-            for req in list(e.sched.held.values()):
-                e.sched.resume(req.rid)
-            if not e.step():
-                break
-        e.assert_whole()
-        reports = [(r.forwards, r.rounds, r.block_steps, r.idle_block_steps,
-                    None if r.retired is None else
-                    (r.retired.uids.tolist(), r.retired.starts.tolist(), r.retired.ids.tolist(),
-                     r.retired.forwards.tolist(), r.retired.req_forwards.tolist()))
-                   for r in e.reports]
-        runs.append((reports, {rid: e.tokens(rid) for rid in submitted}))
-    assert runs[0] == runs[1]
-
-
 @pytest.fixture(scope="module")
 def sync_reference(tiny_model_dir: Path) -> dict[tuple[int, int], list[int]]:
     """Plain sync decoding at bs=1 of every prompt the bs=1 test may use."""

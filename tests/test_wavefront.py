@@ -16,7 +16,7 @@ from dllm_serve.dllm.algorithms import DenoiseBatch
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
 from dllm_serve.dllm.denoise_step import StepSpec, denoise_step
-from dllm_serve.dllm.modes import RoundMode, plan
+from dllm_serve.dllm.modes import RoundMode, plan, plan_one
 from dllm_serve.dllm.wavefront import WavefrontConfig, earlier_block_changed, readiness
 from dllm_serve.managers.messages import AbortReq, AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker
@@ -62,6 +62,29 @@ def test_plan_sync_waits_for_the_whole_batch() -> None:
     assert p.retire == [0, 0] and not p.boundary and not any(p.open)
     p = plan(mode, np.array([1, 1]), np.array([1, 1]), np.zeros(2, bool), np.ones(2, bool))
     assert p.retire == [1, 1] and p.boundary and all(p.open)
+
+
+def test_each_request_is_planned_on_its_own_as_the_rule_says() -> None:
+    """plan_one (FDFO's worker plans each request with it; plan too, but for lockstep), over
+    every small case: the leading converged blocks retire (FDFO, or sync at a boundary); then
+    the next block opens if it fits and the window is empty, or the frontier is ready and
+    the window has room for it (fewer than W blocks left)."""
+    for size in (1, 2, 3):
+        mode = RoundMode(fdfo=True, wavefront=WavefrontConfig(size=size))
+        for blocks in range(1, size + 1):
+            for leading in range(blocks + 1):
+                for ready in (False, True):
+                    for fits in (False, True):
+                        for retiring in (False, True):
+                            retire = leading if retiring else 0
+                            left = blocks - retire
+                            room = left == 0 or (left < size and ready)
+                            got = plan_one(mode, leading, blocks, ready, fits, retiring)
+                            assert got == (retire, fits and room), (size, blocks, leading)
+                            p = plan(RoundMode(fdfo=retiring, wavefront=mode.wavefront),
+                                     [leading], [blocks], [ready], [fits],
+                                     batch_done=retiring)
+                            assert (p.retire[0], p.open[0]) == got
 
 
 def test_plan_lockstep_spawns_all_together() -> None:

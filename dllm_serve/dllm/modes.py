@@ -67,16 +67,28 @@ def plan(mode: RoundMode, leading: Sequence[int], num_blocks: Sequence[int],
     if batch_done is None:
         batch_done = len(leading) > 0 and all(n > 0 for n in leading)
     boundary = not mode.fdfo and batch_done
-    retire = [int(n) for n in leading] if mode.fdfo or boundary else [0] * len(leading)
-    size = mode.wavefront.size
+    retiring = mode.fdfo or boundary
+    if not mode.wavefront.lockstep:  # each request on its own
+        each = [plan_one(mode, int(n), int(b), bool(r), bool(c), retiring)
+                for n, b, r, c in zip(leading, num_blocks, frontier_ready, can_open, strict=True)]
+        return Plan([r for r, _ in each], [o for _, o in each], boundary)
+    # lockstep: all that may spawn are ready, or none spawns
+    retire = [int(n) for n in leading] if retiring else [0] * len(leading)
     left = [int(n) - r for n, r in zip(num_blocks, retire, strict=True)]
-    # a window with room behind a live frontier, where a next block fits
-    room = [0 < n < size and bool(c) for n, c in zip(left, can_open, strict=True)]
-    if mode.wavefront.lockstep:  # all that may spawn are ready, or none spawns
-        go = any(room) and all(r for r, e in zip(frontier_ready, room, strict=True) if e)
-        spawn = [e and go for e in room]
-    else:
-        spawn = [e and bool(r) for e, r in zip(room, frontier_ready, strict=True)]
-    opens = [(n == 0 and bool(c)) or s
-             for n, c, s in zip(left, can_open, spawn, strict=True)]
+    room = [0 < n < mode.wavefront.size and bool(c) for n, c in zip(left, can_open, strict=True)]
+    go = any(room) and all(r for r, e in zip(frontier_ready, room, strict=True) if e)
+    opens = [(n == 0 and bool(c)) or (e and go)
+             for n, c, e in zip(left, can_open, room, strict=True)]
     return Plan(retire, opens, boundary)
+
+
+def plan_one(mode: RoundMode, leading: int, num_blocks: int, frontier_ready: bool,
+             can_open: bool, retiring: bool = True) -> tuple[int, bool]:
+    """One request's (retire, open) where requests do not depend on each other (every mode
+    but lockstep; FDFO's worker plans each request this way): its `leading` converged blocks
+    retire when `retiring` (FDFO, or a sync batch's boundary); a block opens after the
+    frontier if the window is then empty, or if the frontier is ready with room behind it in
+    the window, and the block fits (`can_open`)."""
+    retire = leading if retiring else 0
+    left = num_blocks - retire
+    return retire, can_open and (left == 0 or (left < mode.wavefront.size and frontier_ready))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from dllm_serve.dllm.modes import RoundMode, plan
+from dllm_serve.dllm.modes import RoundMode, plan, plan_one
 from dllm_serve.managers.batch_layout import Block, DeviceReq
 from dllm_serve.managers.resident_batch import ResidentBatch
 from dllm_serve.managers.worker_report import ReportBuilder
@@ -44,9 +44,6 @@ class BlockFlow:
         self.block_forwards = 0.0  # retired blocks' forwards, a moving average
         self.window = mode.rows_per_request  # most blocks a request holds, a gated one too
         self.spawn_below = mode.wavefront.size  # a ready frontier spawns behind it below W
-        # FDFO with one block a request and nothing placed ahead: a candidate's one block has
-        # converged, so it retires and its next block opens if it fits (what `plan` says then)
-        self.one_block = mode.fdfo and self.window == 1 and not self.gate
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
         self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
@@ -107,39 +104,36 @@ class BlockFlow:
             self.flagged.clear()
             self.boundary |= not any_active
             return
-        if self.one_block:
-            self._retire_open(cands)
-            self.flagged.clear()  # every candidate retired its block; a new one is unflagged
-            self.boundary |= not any_active
-            return
-        # plan's inputs, one per candidate: leading converged blocks, blocks, a ready
-        # frontier (a gated frontier reads False), room after it
-        p = plan(self.mode, [_leading(r.blocks) for r in cands], [len(r.blocks) for r in cands],
-                 [r.blocks[-1].ready for r in cands], [self._can_open(r) for r in cands], done)
-        if any(p.retire):
-            self.report.msg.rounds += 1
-        for req, count, opens in zip(cands, p.retire, p.open, strict=True):
-            if count and not self._retire(req, count):
-                continue
-            if opens:
-                self.batch.open_block(req)
-            elif not req.blocks:
-                self.parked.append(req)  # its next block's pages are not mapped yet
-            self._place(req)
-        if self.mode.fdfo:
+        reported = len(self.report.retired)
+        boundary = False
+        if self.mode.fdfo:  # requests on their own: each planned, then changed, in turn
+            for req in cands:
+                self._change(req, *plan_one(self.mode, _leading(req.blocks), len(req.blocks),
+                                            req.blocks[-1].ready, self._can_open(req)))
             self.flagged = {id(r): r for r in cands if r.alive and self._candidate(r)}
-        self.boundary |= p.boundary or not any_active
+        else:  # sync: plan's inputs, one per candidate: leading converged blocks, blocks, a
+            # ready frontier (a gated frontier reads False), room after it
+            p = plan(self.mode, [_leading(r.blocks) for r in cands],
+                     [len(r.blocks) for r in cands], [r.blocks[-1].ready for r in cands],
+                     [self._can_open(r) for r in cands], done)
+            for req, count, opens in zip(cands, p.retire, p.open, strict=True):
+                self._change(req, count, opens)
+            boundary = p.boundary
+        if len(self.report.retired) > reported:  # a round: some block retired
+            self.report.msg.rounds += 1
+        self.boundary |= boundary or not any_active
 
-    def _retire_open(self, cands: list[DeviceReq]) -> None:
-        """FDFO, one block a request (`one_block`): each candidate retires its converged
-        block, then opens its next one if it goes on and the block fits (else it parks)."""
-        self.report.msg.rounds += 1
-        for req in cands:
-            if self._retire(req, 1):
-                if self._can_open(req):
-                    self.batch.open_block(req)
-                else:
-                    self.parked.append(req)
+    def _change(self, req: DeviceReq, retire: int, opens: bool) -> None:
+        """Retire the request's `retire` leading blocks, then (if it goes on) open its next
+        block (`opens`), park it (no block left, its pages not mapped yet) or place one ahead
+        (gated mode)."""
+        if retire and not self._retire(req, retire):
+            return
+        if opens:
+            self.batch.open_block(req)
+        elif not req.blocks:
+            self.parked.append(req)  # its next block's pages are not mapped yet
+        self._place(req)
 
     def join(self) -> None:
         """Admitted requests join (in admission order, while the batch holds fewer than
