@@ -215,8 +215,9 @@ def phase_times(*args: Any) -> dict[str, dict[str, float]]:
     for name, path, method in PHASES:
         owner = attrgetter(path)(e)
         setattr(owner, method, _timer(getattr(owner, method), spent[name]))
-    while e.step():
-        pass
+    with torch.inference_mode():  # as the worker process runs its loop (worker_main.py)
+        while e.step():
+            pass
     blocks = max(1, e.sched.stats["committed_blocks"])
     forwards = max(1, sum(r.forwards for r in e.reports))
     return {"phase_us_per_block": {n: 1e6 * t / blocks for n, (t, _) in spent.items()},
@@ -303,8 +304,9 @@ def measure(running: int, fdfo: bool, depth: int, per_slot: int, new_tokens: int
     e.worker._refresh = counted_refresh  # type: ignore[method-assign]
     t0 = time.perf_counter()
     steps = 0
-    while e.step():
-        steps += 1
+    with torch.inference_mode():  # as the worker process runs its loop (worker_main.py)
+        while e.step():
+            steps += 1
     wall = time.perf_counter() - t0
     worker_s = worker_t[0]
     sched_s = wall - worker_s

@@ -152,7 +152,13 @@ class Worker:
         while they run: that host work (a prefill launch is hundreds of microseconds) then
         overlaps two queued forwards instead of delaying the next, and what it admits joins at
         the next launch (after its prefill, in stream order). Elsewhere (the CPU computes a
-        forward inside its launch: nothing to overlap) the changes come first."""
+        forward inside its launch: nothing to overlap) the changes come first.
+
+        Runs in inference mode: the worker process enters it once around its loop (entering
+        and leaving it costs a few microseconds a call); a caller outside it gets it here."""
+        if not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self.iterate(items)
         t0 = time.monotonic()
         head = _cheap_head(items) if self.pacing.overlap else len(items)
         self.apply_all(merge_prefills(items[:head], self.max_prefill_tokens))

@@ -13,6 +13,7 @@ import time
 import traceback
 from typing import Any
 
+import torch
 import zmq
 
 from dllm_serve.dllm.algorithms import build_algorithm
@@ -47,7 +48,8 @@ def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
                             {"startup": info}))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
         try:
-            profiled(PROFILE_ENV, loop, worker, rx, tx)
+            with torch.inference_mode():  # once, not per iteration (Worker.iterate)
+                profiled(PROFILE_ENV, loop, worker, rx, tx)
         finally:  # a shutdown or the engine's stop: whatever the trace holds goes to its file
             if worker.tracer is not None:
                 worker.tracer.settle()
