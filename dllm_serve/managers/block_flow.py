@@ -22,6 +22,7 @@ it waits, which blocks of many forwards pay for many times over the one forward 
 
 from __future__ import annotations
 
+from itertools import islice
 from operator import attrgetter
 
 from dllm_serve.dllm.modes import RoundMode, plan, plan_one
@@ -45,7 +46,9 @@ class BlockFlow:
         self.window = mode.rows_per_request  # most blocks a request holds, a gated one too
         self.spawn_below = mode.wavefront.size  # a ready frontier spawns behind it below W
         self.mapped: dict[int, int] = {}  # slot -> end of its mapped pages (tokens)
-        self.waiting: list[DeviceReq] = []  # admitted, joining at once (sync: at a boundary)
+        # admitted, joining at once (sync: at a boundary), by uid in admission order (a
+        # Release finds one here, or learns it is gone, without a scan)
+        self.waiting: dict[int, DeviceReq] = {}
         self.parked: list[DeviceReq] = []  # no block open: waiting for their pages
         # FDFO: every live request with a converged leftmost block or a ready frontier
         # (advance's candidates) is here, by id: a refresh that flags one of its blocks adds it
@@ -64,14 +67,14 @@ class BlockFlow:
         self.mapped[slot] = max(base, (first + count) * page_size)
 
     def admit(self, req: DeviceReq) -> None:
-        self.waiting.append(req)
+        self.waiting[req.uid] = req
 
     def find(self, uid: int) -> DeviceReq | None:
-        return self.batch.reqs.get(uid) or next((r for r in self.waiting if r.uid == uid), None)
+        return self.batch.reqs.get(uid) or self.waiting.get(uid)
 
     def remove(self, req: DeviceReq) -> None:
-        if req in self.waiting:
-            self.waiting.remove(req)
+        if self.waiting.get(req.uid) is req:
+            del self.waiting[req.uid]
             req.alive = False
         else:
             self.batch.drop(req)
@@ -143,8 +146,9 @@ class BlockFlow:
             return
         room = self.max_requests - len(self.batch.reqs)
         if self.waiting and room > 0:
-            joining, self.waiting = self.waiting[:room], self.waiting[room:]
+            joining = list(islice(self.waiting.values(), room))
             for req in joining:
+                del self.waiting[req.uid]
                 self.batch.add(req)
                 self._place(req)
         parked, self.parked = self.parked, []
