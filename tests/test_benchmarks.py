@@ -288,7 +288,7 @@ def test_plot_writes_pngs(gsm8k_engine_json: Path, offline_json: Path, serving_j
 
 
 @pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot",
-                                    "moe_tune", "host_copy_bench"])
+                                    "moe_tune", "host_copy_bench", "abort_burst"])
 def test_runs_as_a_script_with_help(script: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
                          capture_output=True, text=True, timeout=60, cwd="/")
@@ -618,3 +618,19 @@ def test_worker_host_messages_go_through_the_codec_and_change_nothing() -> None:
                           sum(r.forwards for r in e.reports), e.sched.stats["committed_blocks"])
         assert sum(1 for o in e.outputs.values() if o and o[-1].finished) == 4 * 4
     assert runs[True] == runs[False]
+
+
+def test_abort_burst_aborts_every_queued_request(tmp_path: Path) -> None:
+    """The burst benchmark queues N requests, aborts each by its rid and reports the time."""
+    from benchmarks.abort_burst import burst
+
+    assert burst(50) > 0.0
+    out = tmp_path / "burst.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "abort_burst.py"),
+                           "--queued", "20", "40", "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["queued"] for r in rows] == [20, 40]
+    assert all(r["us_per_abort"] == pytest.approx(1e6 * r["burst_s"] / r["queued"])
+               for r in rows)

@@ -145,6 +145,36 @@ def test_abort_in_every_state_frees_everything() -> None:
     e.assert_whole()
 
 
+def test_aborting_queued_requests_keeps_the_rest_in_arrival_order() -> None:
+    """An abort takes the queued requests of its rid (every one of them, wherever they are in
+    the queue: several share a rid only in tests) and leaves the others first come first
+    served; the queue's head, oldest and newest pops follow arrival order."""
+    from dllm_serve.managers.wait_queue import WaitQueue
+
+    e = scripted_engine(mrr=1)
+    for rid in ["a", "b", "c", "b", "d"]:
+        e.submit(rid, prompt(2), max_new_tokens=4)
+    e.sched.abort(AbortReq("b"))
+    e.sched.abort(AbortReq("nonexistent"))
+    assert [r.rid for r in e.sched.waiting] == ["a", "c", "d"]
+    aborted = [o for o in e.sched.take_outputs() if o.finished]
+    assert [o.rid for o in aborted] == ["b", "b"]
+    assert all(o.finish_reason["type"] == "abort" for o in aborted)
+    q = WaitQueue()
+    reqs = list(e.sched.waiting)
+    for req in reqs:
+        q.append(req)
+    assert q.head() is reqs[0] and q.pop() is reqs[2] and q.popleft() is reqs[0]
+    assert q.with_rid("c") == [reqs[1]] and q.with_rid("a") == [] and q.with_rid(None) == []
+    q.remove(reqs[1])
+    assert not q and len(q) == 0
+    with pytest.raises(IndexError):
+        q.head()
+    e.run()
+    assert [rid for rid, outs in e.outputs.items() if outs[-1].finished] == ["a", "c", "d"]
+    e.assert_whole()
+
+
 def test_preempt_and_resume_keep_the_block_and_its_state() -> None:
     e = scripted_engine(mrr=2, need=lambda s: 5)
     e.submit("a", prompt(2), max_new_tokens=8, ignore_eos=True)

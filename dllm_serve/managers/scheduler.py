@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -47,6 +46,7 @@ from dllm_serve.managers.prefill_plan import PrefillPlanner
 from dllm_serve.managers.req import Req
 from dllm_serve.managers.req_pages import ReqPages
 from dllm_serve.managers.scheduler_config import SchedulerConfig
+from dllm_serve.managers.wait_queue import WaitQueue
 from dllm_serve.mem.allocator import KVAllocator
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Scheduler:
         self.finish = finish
         self.alloc = KVAllocator(config.num_pages, config.page_size, config.max_admitted,
                                  config.radix_cache)
-        self.waiting: deque[Req] = deque()
+        self.waiting = WaitQueue()  # FIFO, O(1) aborts
         self.running: dict[int, Req] = {}  # by uid, admission order
         self.held: dict[int, Req] = {}  # preempted: off the device, keeping slot and pages
         self.outbox: list[Any] = []
@@ -148,7 +148,7 @@ class Scheduler:
         return len(self.waiting) + len(self.running) - self.num_in_batch
 
     def abort(self, msg: AbortReq) -> None:
-        for req in [r for r in self.waiting if msg.abort_all or r.rid == msg.rid]:
+        for req in list(self.waiting) if msg.abort_all else self.waiting.with_rid(msg.rid):
             self.waiting.remove(req)
             self._finish(req, {"type": "abort", "message": msg.message})
         for req in [r for r in self.running.values() if msg.abort_all or r.rid == msg.rid]:
@@ -197,7 +197,7 @@ class Scheduler:
         instead of after a round trip through this process."""
         new = []
         while self.waiting and len(self.running) < self.config.max_admitted:
-            req = self.waiting[0]
+            req = self.waiting.head()
             match = self.alloc.match(req.input_ids)
             if not self.alloc.can_admit(req.max_end, match):
                 break  # FCFS: the head waits for memory, nobody overtakes it
