@@ -139,7 +139,6 @@ class Worker:
 
     # ---- one iteration ------------------------------------------------------------------
 
-    @torch.inference_mode()
     def iterate(self, items: list[WorkItem]) -> WorkerReport | None:
         """Apply the scheduler's changes, launch the next forwards (`multi_step` of them over
         one layout), read the earlier ones back; returns a report when there is one to send.
@@ -156,9 +155,12 @@ class Worker:
 
         Runs in inference mode: the worker process enters it once around its loop (entering
         and leaving it costs a few microseconds a call); a caller outside it gets it here."""
-        if not torch.is_inference_mode_enabled():
-            with torch.inference_mode():
-                return self.iterate(items)
+        if torch.is_inference_mode_enabled():
+            return self._iterate(items)
+        with torch.inference_mode():
+            return self._iterate(items)
+
+    def _iterate(self, items: list[WorkItem]) -> WorkerReport | None:
         t0 = time.monotonic()
         head = _cheap_head(items) if self.pacing.overlap else len(items)
         self.apply_all(merge_prefills(items[:head], self.max_prefill_tokens))
