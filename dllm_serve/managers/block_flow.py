@@ -2,7 +2,8 @@
 
 The worker (managers/worker.py) reads step k back and refreshes what it learnt on its blocks
 (`Block.converged`, `ready`); then `advance` retires blocks and opens the next ones as the mode
-says (dllm/modes.py `plan`), and `join` lets admitted requests in. Requests are in one of three
+says (dllm/modes.py: FDFO plans each request on its own, `plan_one`; sync the batch, `plan`),
+and `join` lets admitted requests in. Requests are in one of three
 places: `waiting` (admitted, not yet in the batch: FDFO joins them at the next launch, sync at a
 batch boundary, either while the batch holds fewer than max_requests), the batch
 (`ResidentBatch`), or `parked` (in the batch without a block: the pages of their next block are
