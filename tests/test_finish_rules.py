@@ -117,3 +117,38 @@ def test_commit_equals_the_rules_token_by_token() -> None:
             assert fast.output_ids == slow.output_ids
             assert fast.finish_reason == slow.finish_reason
         assert slow.finished and len(fast.output_ids) <= max_new
+
+
+def test_stop_sets_are_made_once_a_request_and_their_caches_stay_bounded(
+        monkeypatch: object) -> None:
+    """A request's stop set is made once (not per committed block: a client may send
+    millions of stop ids), and clients that send a new set with every request do not grow the
+    scheduler's caches past STOP_SETS_KEPT sets, nor keep a set of more than
+    STOP_SET_SHARED_IDS ids; each request still stops on its own ids."""
+    from local_engine import scripted_engine
+
+    from dllm_serve.managers.finish import STOP_SET_SHARED_IDS, STOP_SETS_KEPT
+
+    e = scripted_engine(fill=7, mrr=4, pages=64)
+    made = []
+    shared = e.sched.finish._shared_stop_set
+    e.sched.finish._shared_stop_set = lambda r: made.append(r.rid) or shared(r)  # type: ignore
+    n = STOP_SETS_KEPT + 40
+    for i in range(n):  # every request stops at its first token (7), each its own set
+        e.submit(f"r{i}", [1, 2], max_new_tokens=4, stop_token_ids=[7, 100 + i])
+    e.submit("long", [1, 2], max_new_tokens=12, ignore_eos=True, stop_token_ids=[9])
+    big = list(range(1000, 1000 + 4 * STOP_SET_SHARED_IDS))
+    e.submit("big", [1, 2], max_new_tokens=4, stop_token_ids=[7, *big])
+    e.submit("big-again", [1, 2], max_new_tokens=4, stop_token_ids=[*big, 7])
+    outs = e.run()
+    assert all(outs[f"r{i}"][-1].finish_reason == {"type": "stop", "matched": 7}
+               for i in range(n))
+    assert outs["long"][-1].completion_tokens == 12  # three blocks, one stop set
+    assert sorted(made) == sorted([f"r{i}" for i in range(n)] + ["long", "big", "big-again"])
+    assert all(outs[r][-1].finish_reason == {"type": "stop", "matched": 7}
+               for r in ("big", "big-again"))
+    assert 0 < len(e.sched.finish._stop_sets) <= STOP_SETS_KEPT
+    assert 0 < len(e.sched._stop_arrays) <= STOP_SETS_KEPT
+    assert max(len(ids) for ids, _ in e.sched.finish._stop_sets) <= STOP_SET_SHARED_IDS
+    assert max(len(s) for s in e.sched._stop_arrays) <= STOP_SET_SHARED_IDS + 1  # + EOS
+    e.assert_whole()

@@ -16,6 +16,7 @@ runs past STOP_REGEX_TIMEOUT_S ends its request with a 400 that says so; the oth
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import regex
@@ -25,6 +26,24 @@ from dllm_serve.utils.text import find_stop
 
 Decode = Callable[[list[int]], str]
 STOP_REGEX_TIMEOUT_S = 0.05  # per search of one output
+# stop sets are shared between requests that send the same stop ids (a server sees a few):
+# at most STOP_SETS_KEPT of them are kept (past it the caches start over), and only sets of at
+# most STOP_SET_SHARED_IDS ids, so that clients that send a new set with every request, each up
+# to a body's worth of ids, do not grow the scheduler's memory (a larger set is its request's)
+STOP_SETS_KEPT = 256
+STOP_SET_SHARED_IDS = 64
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def remember(cache: dict[K, V], key: K, value: V, ids: int) -> V:
+    """`value`, kept in `cache` under `key` if its set of `ids` ids may be shared (see
+    STOP_SETS_KEPT and STOP_SET_SHARED_IDS)."""
+    if ids <= STOP_SET_SHARED_IDS:
+        if len(cache) >= STOP_SETS_KEPT:
+            cache.clear()
+        cache[key] = value
+    return value
 
 
 class StopRegexTooSlow(Exception):
@@ -38,6 +57,7 @@ class FinishChecker:
         self.eos_ids = eos_ids
         self.decode = decode
         # the stop token sets, by (stop_token_ids, ignore_eos): a few distinct ones per server
+        # (the small ones kept: `remember`)
         self._stop_sets: dict[tuple[tuple[int, ...], bool], frozenset[int]] = {}
 
     def commit(self, req: Req, new_tokens: np.ndarray) -> np.ndarray:
@@ -63,14 +83,20 @@ class FinishChecker:
 
     def stop_set(self, req: Req) -> frozenset[int]:
         """The token ids that stop the request: its stop_token_ids, and EOS unless
-        ignore_eos (min_new_tokens aside: the caller applies it)."""
+        ignore_eos (min_new_tokens aside: the caller applies it). Made once per request (a
+        client's list may hold millions of ids: no work per block in proportion to it) and
+        shared between requests that send the same list."""
+        if req.stops is None:
+            req.stops = self._shared_stop_set(req)
+        return req.stops
+
+    def _shared_stop_set(self, req: Req) -> frozenset[int]:
         p = req.params
         key = (tuple(p.stop_token_ids), p.ignore_eos)
         stops = self._stop_sets.get(key)
         if stops is None:
-            stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos
-                                                   else frozenset(self.eos_ids))
-            self._stop_sets[key] = stops
+            stops = remember(self._stop_sets, key, frozenset(p.stop_token_ids) | (
+                frozenset() if p.ignore_eos else frozenset(self.eos_ids)), len(key[0]))
         return stops
 
     def _token_finish(self, req: Req, tokens: np.ndarray) -> tuple[int, dict | None]:

@@ -56,6 +56,7 @@ class Req:
     prefill_forwards: int = 0
     blocks: int = 0
     finish_reason: dict[str, Any] | None = None
+    stops: frozenset[int] | None = None  # its stop token ids (FinishChecker.stop_set), once known
 
     # fixed at creation (the prompt and max_new_tokens never change): plain attributes, read
     # several times per committed block

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dllm_serve.managers.finish import FinishChecker
+from dllm_serve.managers.finish import FinishChecker, remember
 from dllm_serve.managers.messages import (
     AbortReq,
     Admit,
@@ -232,8 +232,9 @@ class Scheduler:
         stop = self.finish.stop_set(req) if not p.min_new_tokens else frozenset()
         ids = self._stop_arrays.get(stop)
         if ids is None:
-            ids = self._stop_arrays[stop] = np.array(sorted(stop), dtype=np.int64)
+            ids = np.array(sorted(stop), dtype=np.int64)
             ids.flags.writeable = False
+            remember(self._stop_arrays, stop, ids, len(stop))  # small ones shared
         return ReqSettings(req.prompt_len, req.max_end, p.temperature, p.top_p, req.seed,
                            dict(p.dllm), ids, top_k=p.top_k, min_p=p.min_p)
 
