@@ -152,3 +152,58 @@ def test_stop_sets_are_made_once_a_request_and_their_caches_stay_bounded(
     assert max(len(ids) for ids, _ in e.sched.finish._stop_sets) <= STOP_SET_SHARED_IDS
     assert max(len(s) for s in e.sched._stop_arrays) <= STOP_SET_SHARED_IDS + 1  # + EOS
     e.assert_whole()
+
+
+def full_text_stop(decode: object, r: Req, tokens: list[int]) -> None:
+    """The stop-string rule over the whole decoded output (the oracle of the windowed
+    search): finish at the first prefix of the output whose text holds a stop string."""
+    start = len(r.output_ids)
+    r.output_ids.extend(tokens)
+    stops = r.params.stop
+    if not any(s in decode(r.output_ids) for s in stops):  # type: ignore[operator]
+        return
+    for n in range(start + 1, len(r.output_ids) + 1):
+        text = decode(r.output_ids[:n])  # type: ignore[operator]
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if hits:
+            del r.output_ids[n:]
+            r.finish_reason = {"type": "stop", "matched": min(hits)[1]}
+            return
+
+
+def test_stop_strings_found_in_a_window_as_in_the_whole_text() -> None:
+    """A commit looks for stop strings in its new tokens' text and a window before it (not
+    the whole output, which made a commit cost grow with the output): with the built-in
+    model's tokenizer, random outputs built of text that holds the stop strings and of
+    special tokens (which decode to nothing), committed in random blocks, finish at the
+    same token with the same match as a search of the whole text."""
+    from dllm_serve.default_model import default_model_path
+    from dllm_serve.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(str(default_model_path()))
+    rng = np.random.default_rng(1)
+    pieces = ["Question", "Question:", " Answer: 42", "Assistant:", "\n\n", " the", " 7",
+              " apples", "ion", "Quest", "Assist", "é", "日本", " <|separator|>", "<|sep"]
+    specials = tok.encode("<|endoftext|><|mask|>", add_special_tokens=False)
+    stop_sets = [["Question"], ["Question", "Assistant:", "<|separator|>"], ["\n\n"], ["ion A"],
+                 ["日本"]]
+    checker = FinishChecker(set(), tok.decode)
+    finished = 0
+    for case in range(300):
+        text = "".join(rng.choice(pieces, size=int(rng.integers(1, 60))))
+        ids = tok.encode(text, add_special_tokens=False)
+        for _ in range(int(rng.integers(0, 4))):  # tokens that decode to nothing
+            ids.insert(int(rng.integers(0, len(ids) + 1)), int(rng.choice(specials)))
+        stops = stop_sets[case % len(stop_sets)]
+        fast = req(max_new_tokens=10_000, stop=stops, ignore_eos=True)
+        slow = req(max_new_tokens=10_000, stop=stops, ignore_eos=True)
+        at = 0
+        while at < len(ids) and not fast.finished:
+            block = ids[at:at + int(rng.integers(1, 33))]
+            at += len(block)
+            checker.commit(fast, np.asarray(block, dtype=np.int64))
+            full_text_stop(tok.decode, slow, block)
+            assert fast.output_ids == slow.output_ids, (case, text, stops)
+            assert fast.finish_reason == slow.finish_reason, (case, text, stops)
+        finished += fast.finished
+    assert 100 < finished < 300  # most outputs hold a stop string, some none

@@ -119,17 +119,31 @@ class FinishChecker:
 
     def _stop_strings(self, req: Req, start: int) -> None:
         """Finish at the first stop string or regex match that ends inside the tokens added
-        since start (min_new_tokens does not hold these back, as in SGLang)."""
+        since start (min_new_tokens does not hold these back, as in SGLang). Stop strings
+        alone are looked for in the text of the new tokens and the stop_lookback(stops)
+        before them (one that ends earlier finished the request at an earlier commit), so a
+        commit costs the same at any length of the output; a regex may span the whole text,
+        which is decoded whole."""
         assert self.decode is not None
-        params = req.params
-        if _find(self.decode(req.output_ids), params.stop, params.stop_regex) is None:
+        params, ids = req.params, req.output_ids
+        lo = 0 if params.stop_regex else max(0, start - stop_lookback(params.stop))
+        if _find(self.decode(ids[lo:]), params.stop, params.stop_regex) is None:
             return
-        for n in range(start + 1, len(req.output_ids) + 1):
-            hit = _find(self.decode(req.output_ids[:n]), params.stop, params.stop_regex)
+        for n in range(start + 1, len(ids) + 1):
+            hit = _find(self.decode(ids[lo:n]), params.stop, params.stop_regex)
             if hit is not None:
                 del req.output_ids[n:]
                 req.finish_reason = {"type": "stop", "matched": hit[1]}
                 return
+
+
+def stop_lookback(stops: list[str]) -> int:
+    """Tokens before a commit's new ones whose text may hold the start of a stop string that
+    ends in them: twice the longest stop string's characters and some (a token's text is
+    almost always a character or more; tokens that decode to nothing, such as skipped
+    special tokens, and a window that starts inside a character are what the margin is
+    for)."""
+    return 2 * max(map(len, stops), default=0) + 16
 
 
 def _find(text: str, stops: list[str], regexes: list[str]) -> tuple[int, str] | None:
