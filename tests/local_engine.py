@@ -93,7 +93,11 @@ def local_engine(model_dir: Path, algorithm: str, fdfo: bool, wavefront: int = 1
                  depth: int | None = None, multi_step: int = 1, device: str = "cpu",
                  **wavefront_kw: float | bool) -> LocalEngine:
     """The real model runner (CPU, fp32; on CUDA its defaults: Triton kernels, CUDA graphs)
-    under a local scheduler + worker."""
+    under a local scheduler + worker. On CUDA the KV pool holds 64k tokens unless
+    max_total_tokens says otherwise: sized from free memory, a pool in the test process would
+    stay reserved by its caching allocator and leave a later test's engine no room."""
+    if device == "cuda" and max_total_tokens is None:
+        max_total_tokens = 1 << 16
     args = ServerArgs(model_path=str(model_dir), device=device, dllm_algorithm=algorithm,
                       dllm_fdfo=fdfo, max_running_requests=mrr,
                       chunked_prefill_size=chunked_prefill_size, dllm_wavefront_size=wavefront,

@@ -288,7 +288,8 @@ def test_plot_writes_pngs(gsm8k_engine_json: Path, offline_json: Path, serving_j
 
 
 @pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot",
-                                    "moe_tune", "host_copy_bench", "abort_burst"])
+                                    "moe_tune", "host_copy_bench", "abort_burst",
+                                    "detokenize"])
 def test_runs_as_a_script_with_help(script: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
                          capture_output=True, text=True, timeout=60, cwd="/")
@@ -633,4 +634,18 @@ def test_abort_burst_aborts_every_queued_request(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert [r["queued"] for r in rows] == [20, 40]
     assert all(r["us_per_abort"] == pytest.approx(1e6 * r["burst_s"] / r["queued"])
+               for r in rows)
+
+
+def test_detokenize_streams_the_whole_text(tmp_path: Path) -> None:
+    """The detokenisation benchmark streams a request's output block by block (it asserts the
+    deltas make the whole text) and reports the time a request and a block."""
+    out = tmp_path / "detok.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detokenize.py"),
+                           "--tokens", "64", "200", "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [64, 200]
+    assert all(r["us_per_block"] == pytest.approx(1e3 * r["request_ms"] / -(-r["tokens"] // 32))
                for r in rows)

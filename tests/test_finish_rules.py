@@ -9,6 +9,7 @@ from dllm_serve.managers.detokenizer import IncrementalDetokenizer
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.req import Req
 from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.utils.text import partial_stop_len
 
 EOS = 98
 
@@ -207,3 +208,102 @@ def test_stop_strings_found_in_a_window_as_in_the_whole_text() -> None:
             assert fast.finish_reason == slow.finish_reason, (case, text, stops)
         finished += fast.finished
     assert 100 < finished < 300  # most outputs hold a stop string, some none
+
+
+def whole_text_update(decode, stops: list[str], keep_stop: bool):
+    """The detokenizer's rule on the whole output decoded again at every update (reference)."""
+    sent = 0
+
+    def update(ids: list[int], reason: dict | None) -> tuple[str, str]:
+        nonlocal sent
+        text = decode(ids)
+        if reason is None:
+            limit = len(text) - partial_stop_len(text, stops)
+            while limit > 0 and text[limit - 1] == "\ufffd":
+                limit -= 1
+        else:
+            if reason.get("type") == "stop" and isinstance(reason.get("matched"), str):
+                cut = text.find(reason["matched"])
+                if cut >= 0:
+                    text = text[:cut + len(reason["matched"]) if keep_stop else cut]
+            limit = len(text)
+        limit = max(limit, sent)
+        delta, sent = text[sent:limit], limit
+        return delta, text[:limit]
+
+    return update
+
+
+def test_detokenizer_decodes_only_new_tokens_and_gives_the_whole_text_deltas() -> None:
+    """An update decodes the new tokens and a few before them, not the whole output: with the
+    built-in model's tokenizer (both skip_special_tokens settings), random outputs of text,
+    multi-byte characters, special tokens and raw byte tokens that leave characters half
+    done or invalid, in random blocks, give the same deltas and text as decoding the whole
+    output at every block; and no decode is longer than the tokens since the output last ended
+    in a whole character and the context (CONTEXT_TOKENS) before them."""
+    from dllm_serve.default_model import default_model_path
+    from dllm_serve.managers.detokenizer import CONTEXT_TOKENS
+    from dllm_serve.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(str(default_model_path()))
+    rng = np.random.default_rng(2)
+    pieces = [" Question", " 42", "\n\n", " apples", "é", "日本", "🙂", " <|separator|>", "ab"]
+    specials = tok.encode("<|endoftext|><|mask|>", add_special_tokens=False)
+    lengths: list[int] = []
+    for case in range(200):
+        skip = bool(case % 2)
+        ids = tok.encode("".join(rng.choice(pieces, size=int(rng.integers(1, 80)))),
+                         add_special_tokens=False)
+        for _ in range(int(rng.integers(0, 8))):  # specials and raw vocabulary ids
+            extra = int(rng.choice(specials)) if rng.random() < 0.5 else int(rng.integers(0, 256))
+            ids.insert(int(rng.integers(0, len(ids) + 1)), extra)
+
+        def decode(part: list[int], skip: bool = skip) -> str:
+            lengths.append(len(part))
+            return tok.decode(part, skip_special_tokens=skip)
+
+        stops = [["apples"], [], ["\n\n", "日"]][case % 3]
+        fast = IncrementalDetokenizer(decode, stops, keep_stop=case % 5 == 0)
+        slow = whole_text_update(lambda p, skip=skip: tok.decode(p, skip_special_tokens=skip),
+                                 stops, case % 5 == 0)
+        at = fixed = 0  # fixed: the last update's end whose text ended in a whole character
+        while at < len(ids):
+            block = int(rng.integers(1, 33))
+            at = min(len(ids), at + block)
+            end = at == len(ids)
+            reason = {"type": "stop", "matched": stops[0]} if end and stops else None
+            del lengths[:]
+            delta = fast.update(ids[:at], reason)
+            assert (delta, fast.text) == slow(ids[:at], reason), (case, at)
+            assert max(lengths) <= at - fixed + CONTEXT_TOKENS, (case, at, lengths)
+            if not tok.decode(ids[:at], skip_special_tokens=skip).endswith("\ufffd"):
+                fixed = at
+
+
+def test_detokenizer_gives_the_whole_text_with_decoders_that_look_back() -> None:
+    """A SentencePiece-style (Metaspace) decoder drops the first token's leading space, so a
+    window decoded alone differs from the same tokens inside the whole output: the context
+    before the new tokens keeps the deltas those of the whole text. A decoder whose text of a
+    window never begins as the context's (here: it counts the tokens) makes every update
+    decode the whole output, with the same deltas as before."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models
+
+    words = ["▁the", "▁cat", "s", "▁sat", "▁", "ing", "<s>", "!"]
+    meta = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<s>"))
+    meta.decoder = decoders.Metaspace()
+
+    def counting(ids: list[int]) -> str:
+        return f"{len(ids)}:" + "".join(words[i] for i in ids)
+
+    rng = np.random.default_rng(3)
+    for decode in (lambda ids: meta.decode(ids), counting):
+        for case in range(100):
+            ids = [int(i) for i in rng.integers(0, len(words), size=int(rng.integers(1, 60)))]
+            fast = IncrementalDetokenizer(decode, ["▁sat"])
+            slow = whole_text_update(decode, ["▁sat"], False)
+            at = 0
+            while at < len(ids):
+                at = min(len(ids), at + int(rng.integers(1, 9)))
+                reason = {"type": "length"} if at == len(ids) else None
+                assert (fast.update(ids[:at], reason), fast.text) == slow(ids[:at], reason)

@@ -7,6 +7,11 @@ from typing import Any
 
 from dllm_serve.utils.text import partial_stop_len
 
+# Tokens before the new ones that each update decodes again with them: a decoder that looks
+# back (a Metaspace decoder drops the first token's leading space) sees the same context in
+# the window as in the whole output.
+CONTEXT_TOKENS = 4
+
 
 class IncrementalDetokenizer:
     """Turns a growing list of output ids into text deltas.
@@ -16,6 +21,13 @@ class IncrementalDetokenizer:
     On a stop-string (or stop-regex) finish the text ends just before the matched string, or
     after it with keep_stop (SGLang's no_stop_trim). A stop regex is not held back while
     streaming: a match that spans two blocks may have sent its beginning already.
+
+    An update decodes only the new ids and CONTEXT_TOKENS before them, not the whole output
+    (that made a request's detokenisation quadratic in its length). Invariant: `_fixed` is the
+    whole-output decode of ids[:_end] and ends in a complete character (not U+FFFD), so the
+    text of later ids only appends to it; `_context` is decode(ids[_start:_end]). A window
+    whose decode does not begin with `_context` (a decoder that looks further back) falls back
+    to decoding the whole output.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stops: list[str],
@@ -25,9 +37,12 @@ class IncrementalDetokenizer:
         self.keep_stop = keep_stop
         self.sent = 0
         self.text = ""
+        self._fixed = ""
+        self._context = ""
+        self._start = self._end = 0
 
     def update(self, output_ids: list[int], finish_reason: dict[str, Any] | None) -> str:
-        text = self.decode(output_ids)
+        text = self._decoded(output_ids)
         if finish_reason is None:
             limit = len(text) - partial_stop_len(text, self.stops)
             while limit > 0 and text[limit - 1] == "\ufffd":
@@ -44,3 +59,17 @@ class IncrementalDetokenizer:
         self.sent = limit
         self.text = text[:limit]
         return delta
+
+    def _decoded(self, ids: list[int]) -> str:
+        """decode(ids), from the fixed text and a decode of the ids after it (with context)."""
+        window = self.decode(ids[self._start:])
+        if window.startswith(self._context):
+            text = self._fixed + window[len(self._context):]
+        else:
+            text = self.decode(ids)
+            self._fixed, self._context, self._start, self._end = "", "", 0, 0
+        if len(ids) > self._end and not text.endswith("\ufffd"):
+            self._fixed, self._end = text, len(ids)
+            self._start = max(0, self._end - CONTEXT_TOKENS)
+            self._context = self.decode(ids[self._start:self._end])
+        return text

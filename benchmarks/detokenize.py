@@ -1,0 +1,75 @@
+"""The front's detokenisation of one request's output, block by block, as its receive thread
+does it for every committed block (`TokenizerManager._deliver`: the ids extended, then
+`IncrementalDetokenizer.update`), with GSM8K's stop strings held back.
+
+    python benchmarks/detokenize.py [--tokens 512 2048 8192] [--block 32] [--out R.json]
+
+The output is GSM8K answers' text on the built-in model's tokenizer, cut to N tokens. Reported
+per N (best of --repeats, this machine's CPU): ms for the whole request and us a block. The
+receive thread serves every running request, so a cost per block that grows with the output
+slows every stream once outputs are long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import DATA_DIR, git_commit, read_jsonl, write_json  # noqa: E402
+from dllm_serve.default_model import default_model_path  # noqa: E402
+from dllm_serve.managers.detokenizer import IncrementalDetokenizer  # noqa: E402
+from dllm_serve.tokenizer import Tokenizer  # noqa: E402
+
+STOPS = ["Question", "Assistant:", "<|separator|>"]
+
+
+def output_ids(tok: Tokenizer, tokens: int) -> list[int]:
+    """`tokens` ids of GSM8K answers' text (no stop string in it)."""
+    text = "\n".join(r["answer"] for r in read_jsonl(DATA_DIR / "test.jsonl"))
+    ids = tok.encode(text.replace("Question", "question"), add_special_tokens=False)
+    assert len(ids) >= tokens, f"GSM8K's answers hold only {len(ids)} tokens"
+    return ids[:tokens]
+
+
+def detokenize(tok: Tokenizer, ids: list[int], block: int) -> tuple[float, str]:
+    """Seconds to detokenise `ids` committed `block` at a time, and the text streamed."""
+    detok = IncrementalDetokenizer(lambda part: tok.decode(part, skip_special_tokens=True), STOPS)
+    done: list[int] = []
+    streamed = []
+    t0 = time.perf_counter()
+    for at in range(0, len(ids), block):
+        done.extend(ids[at:at + block])
+        finished = at + block >= len(ids)
+        streamed.append(detok.update(done, {"type": "length"} if finished else None))
+    return time.perf_counter() - t0, "".join(streamed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 8192])
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    tok = Tokenizer.load(default_model_path())
+    rows: list[dict[str, Any]] = []
+    for n in args.tokens:
+        ids = output_ids(tok, n)
+        runs = [detokenize(tok, ids, args.block) for _ in range(args.repeats)]
+        assert all(text == tok.decode(ids) for _, text in runs), "the stream is not the text"
+        best = min(seconds for seconds, _ in runs)
+        blocks = -(-n // args.block)
+        rows.append({"tokens": n, "request_ms": 1e3 * best, "us_per_block": 1e6 * best / blocks})
+        print(f"{n:6d} tokens: {1e3 * best:8.2f} ms a request, {1e6 * best / blocks:7.1f} us a block")
+    write_json(args.out, {"benchmark": "detokenize", "commit": git_commit(),
+                          "config": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
