@@ -66,7 +66,8 @@ def main() -> None:
         best = min(seconds for seconds, _ in runs)
         blocks = -(-n // args.block)
         rows.append({"tokens": n, "request_ms": 1e3 * best, "us_per_block": 1e6 * best / blocks})
-        print(f"{n:6d} tokens: {1e3 * best:8.2f} ms a request, {1e6 * best / blocks:7.1f} us a block")
+        print(f"{n:6d} tokens: {1e3 * best:8.2f} ms a request, "
+              f"{1e6 * best / blocks:7.1f} us a block")
     write_json(args.out, {"benchmark": "detokenize", "commit": git_commit(),
                           "config": vars(args), "rows": rows})
 

@@ -298,7 +298,7 @@ def test_detokenizer_gives_the_whole_text_with_decoders_that_look_back() -> None
 
     rng = np.random.default_rng(3)
     for decode in (lambda ids: meta.decode(ids), counting):
-        for case in range(100):
+        for _ in range(100):
             ids = [int(i) for i in rng.integers(0, len(words), size=int(rng.integers(1, 60)))]
             fast = IncrementalDetokenizer(decode, ["▁sat"])
             slow = whole_text_update(decode, ["▁sat"], False)
