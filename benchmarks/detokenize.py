@@ -1,13 +1,14 @@
 """The front's detokenisation of one request's output, block by block, as its receive thread
 does it for every committed block (`TokenizerManager._deliver`: the ids extended, then
-`IncrementalDetokenizer.update`), with GSM8K's stop strings held back.
+`IncrementalDetokenizer.update`), with GSM8K's stop strings held back; and the scheduler's
+check of a stop_regex at every commit (`FinishChecker.commit`), which searches the whole text.
 
     python benchmarks/detokenize.py [--tokens 512 2048 8192] [--block 32] [--out R.json]
 
 The output is GSM8K answers' text on the built-in model's tokenizer, cut to N tokens. Reported
-per N (best of --repeats, this machine's CPU): ms for the whole request and us a block. The
-receive thread serves every running request, so a cost per block that grows with the output
-slows every stream once outputs are long.
+per N (best of --repeats, this machine's CPU): ms for the whole request and us a block, for
+each. The receive thread serves every running request and the scheduler every request, so a
+cost per block that grows with the output slows everyone once outputs are long.
 """
 
 from __future__ import annotations
@@ -18,15 +19,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import DATA_DIR, git_commit, read_jsonl, write_json  # noqa: E402
 from dllm_serve.default_model import default_model_path  # noqa: E402
 from dllm_serve.managers.detokenizer import IncrementalDetokenizer  # noqa: E402
+from dllm_serve.managers.finish import FinishChecker  # noqa: E402
+from dllm_serve.managers.req import Req  # noqa: E402
+from dllm_serve.sampling_params import SamplingParams  # noqa: E402
 from dllm_serve.tokenizer import Tokenizer  # noqa: E402
 
 STOPS = ["Question", "Assistant:", "<|separator|>"]
+STOP_REGEX = r"The answer is \d+\.\s*$"  # never in GSM8K's answers: searched to the end
 
 
 def output_ids(tok: Tokenizer, tokens: int) -> list[int]:
@@ -50,6 +57,20 @@ def detokenize(tok: Tokenizer, ids: list[int], block: int) -> tuple[float, str]:
     return time.perf_counter() - t0, "".join(streamed)
 
 
+def stop_regex_checks(tok: Tokenizer, ids: list[int], block: int) -> float:
+    """Seconds of the scheduler's finish checks of `ids` committed `block` at a time, for a
+    request with a stop_regex that never matches."""
+    checker = FinishChecker(set(), tok.decode)
+    params = SamplingParams(max_new_tokens=len(ids), stop_regex=[STOP_REGEX], ignore_eos=True)
+    req = Req("r", np.zeros(1, dtype=np.int64), params, 0.0, block, 0)
+    t0 = time.perf_counter()
+    for at in range(0, len(ids), block):
+        checker.commit(req, np.asarray(ids[at:at + block], dtype=np.int64))
+    seconds = time.perf_counter() - t0
+    assert req.output_ids == ids and req.finish_reason["type"] == "length"
+    return seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 8192])
@@ -64,10 +85,14 @@ def main() -> None:
         runs = [detokenize(tok, ids, args.block) for _ in range(args.repeats)]
         assert all(text == tok.decode(ids) for _, text in runs), "the stream is not the text"
         best = min(seconds for seconds, _ in runs)
+        regex_best = min(stop_regex_checks(tok, ids, args.block) for _ in range(args.repeats))
         blocks = -(-n // args.block)
-        rows.append({"tokens": n, "request_ms": 1e3 * best, "us_per_block": 1e6 * best / blocks})
-        print(f"{n:6d} tokens: {1e3 * best:8.2f} ms a request, "
-              f"{1e6 * best / blocks:7.1f} us a block")
+        rows.append({"tokens": n, "request_ms": 1e3 * best, "us_per_block": 1e6 * best / blocks,
+                     "stop_regex_request_ms": 1e3 * regex_best,
+                     "stop_regex_us_per_block": 1e6 * regex_best / blocks})
+        print(f"{n:6d} tokens: detokenize {1e3 * best:8.2f} ms a request, "
+              f"{1e6 * best / blocks:7.1f} us a block; stop_regex check "
+              f"{1e3 * regex_best:8.2f} ms a request, {1e6 * regex_best / blocks:7.1f} us a block")
     write_json(args.out, {"benchmark": "detokenize", "commit": git_commit(),
                           "config": vars(args), "rows": rows})
 

@@ -639,7 +639,8 @@ def test_abort_burst_aborts_every_queued_request(tmp_path: Path) -> None:
 
 def test_detokenize_streams_the_whole_text(tmp_path: Path) -> None:
     """The detokenisation benchmark streams a request's output block by block (it asserts the
-    deltas make the whole text) and reports the time a request and a block."""
+    deltas make the whole text) and checks a stop_regex at every commit (it asserts the whole
+    output is kept), and reports the time a request and a block of each."""
     out = tmp_path / "detok.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detokenize.py"),
                            "--tokens", "64", "200", "--repeats", "1", "--out", str(out)],
@@ -647,5 +648,8 @@ def test_detokenize_streams_the_whole_text(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [r["tokens"] for r in rows] == [64, 200]
-    assert all(r["us_per_block"] == pytest.approx(1e3 * r["request_ms"] / -(-r["tokens"] // 32))
-               for r in rows)
+    for r in rows:
+        blocks = -(-r["tokens"] // 32)
+        assert r["us_per_block"] == pytest.approx(1e3 * r["request_ms"] / blocks)
+        assert r["stop_regex_us_per_block"] == pytest.approx(
+            1e3 * r["stop_regex_request_ms"] / blocks)

@@ -242,8 +242,8 @@ def test_detokenizer_decodes_only_new_tokens_and_gives_the_whole_text_deltas() -
     output at every block; and no decode is longer than the tokens since the output last ended
     in a whole character and the context (CONTEXT_TOKENS) before them."""
     from dllm_serve.default_model import default_model_path
-    from dllm_serve.managers.detokenizer import CONTEXT_TOKENS
     from dllm_serve.tokenizer import Tokenizer
+    from dllm_serve.utils.text import CONTEXT_TOKENS
 
     tok = Tokenizer.load(str(default_model_path()))
     rng = np.random.default_rng(2)
@@ -307,3 +307,53 @@ def test_detokenizer_gives_the_whole_text_with_decoders_that_look_back() -> None
                 at = min(len(ids), at + int(rng.integers(1, 9)))
                 reason = {"type": "length"} if at == len(ids) else None
                 assert (fast.update(ids[:at], reason), fast.text) == slow(ids[:at], reason)
+
+
+def test_a_stop_regex_is_searched_in_the_whole_text_decoded_where_it_grew() -> None:
+    """A stop_regex may span the whole output, so each commit searches the whole text, but
+    decodes only the new tokens and CONTEXT_TOKENS before them (the text is kept with the
+    request): with the built-in model's tokenizer, random outputs in random blocks finish at
+    the same token with the same match as decoding the whole output at every commit, and no
+    decode before the finishing commit is longer than the tokens since the text last ended
+    in a whole character and the context."""
+    import regex
+
+    from dllm_serve.default_model import default_model_path
+    from dllm_serve.tokenizer import Tokenizer
+    from dllm_serve.utils.text import CONTEXT_TOKENS
+
+    tok = Tokenizer.load(str(default_model_path()))
+    lengths: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        lengths.append(len(ids))
+        return tok.decode(ids)
+
+    rng = np.random.default_rng(4)
+    pieces = [" Answer: 42", " Question", "\n\n", " apples", "日本", "é", " 7", " the"]
+    patterns = [r"Answer: \d+", r"日本.*apples", r"Question\s+\d"]
+    checker = FinishChecker(set(), decode)
+    finished = 0
+    for case in range(200):
+        ids = tok.encode("".join(rng.choice(pieces, size=int(rng.integers(1, 80)))),
+                         add_special_tokens=False)
+        pattern = patterns[case % len(patterns)]
+        fast = req(max_new_tokens=10_000, stop_regex=[pattern], ignore_eos=True)
+        at = fixed = 0
+        while at < len(ids) and not fast.finished:
+            block = ids[at:at + int(rng.integers(1, 33))]
+            at += len(block)
+            del lengths[:]
+            checker.commit(fast, np.asarray(block, dtype=np.int64))
+            if not fast.finished:
+                assert max(lengths) <= at - fixed + CONTEXT_TOKENS, (case, at, lengths)
+            if not tok.decode(ids[:at]).endswith("\ufffd"):
+                fixed = at
+        first = next((n for n in range(1, len(ids) + 1)
+                      if regex.search(pattern, tok.decode(ids[:n]))), None)
+        assert len(fast.output_ids) == (first or len(ids)), (case, pattern)
+        if first is not None:
+            match = regex.search(pattern, tok.decode(ids[:first])).group(0)
+            assert fast.finish_reason == {"type": "stop", "matched": match}
+        finished += fast.finished
+    assert 30 < finished < 200

@@ -22,7 +22,7 @@ import numpy as np
 import regex
 
 from dllm_serve.managers.req import Req
-from dllm_serve.utils.text import find_stop
+from dllm_serve.utils.text import GrowingText, find_stop
 
 Decode = Callable[[list[int]], str]
 STOP_REGEX_TIMEOUT_S = 0.05  # per search of one output
@@ -123,11 +123,16 @@ class FinishChecker:
         alone are looked for in the text of the new tokens and the stop_lookback(stops)
         before them (one that ends earlier finished the request at an earlier commit), so a
         commit costs the same at any length of the output; a regex may span the whole text,
-        which is decoded whole."""
+        which is searched whole (its text decoded only where it grew: `req.text`)."""
         assert self.decode is not None
         params, ids = req.params, req.output_ids
-        lo = 0 if params.stop_regex else max(0, start - stop_lookback(params.stop))
-        if _find(self.decode(ids[lo:]), params.stop, params.stop_regex) is None:
+        if params.stop_regex:
+            req.text = req.text or GrowingText(self.decode)
+            lo, text = 0, req.text.text(ids)
+        else:
+            lo = max(0, start - stop_lookback(params.stop))
+            text = self.decode(ids[lo:])
+        if _find(text, params.stop, params.stop_regex) is None:
             return
         for n in range(start + 1, len(ids) + 1):
             hit = _find(self.decode(ids[lo:n]), params.stop, params.stop_regex)

@@ -26,6 +26,7 @@ import numpy as np
 
 from dllm_serve.mem.allocator import Holding
 from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.utils.text import GrowingText
 
 
 def align_up(n: int, k: int) -> int:
@@ -57,6 +58,7 @@ class Req:
     blocks: int = 0
     finish_reason: dict[str, Any] | None = None
     stops: frozenset[int] | None = None  # its stop token ids (FinishChecker.stop_set), once known
+    text: GrowingText | None = None  # its output's text, for a stop_regex (FinishChecker)
 
     # fixed at creation (the prompt and max_new_tokens never change): plain attributes, read
     # several times per committed block

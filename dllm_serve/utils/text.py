@@ -1,6 +1,9 @@
-"""Stop-string helpers shared by the scheduler (finding) and the front (truncating)."""
+"""Output-text helpers shared by the scheduler (finding stops) and the front (streaming):
+stop-string search and hold-back, and the decode of a growing output."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 def find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
@@ -25,3 +28,41 @@ def partial_stop_len(text: str, stops: list[str]) -> int:
                 longest = n
                 break
     return longest
+
+
+# Tokens before the new ones that each update decodes again with them: a decoder that looks
+# back (a Metaspace decoder drops the first token's leading space) sees the same context in
+# the window as in the whole output.
+CONTEXT_TOKENS = 4
+
+
+class GrowingText:
+    """decode() of a growing list of ids, decoding only the ids added since the last call and
+    CONTEXT_TOKENS before them (decoding the whole output at every block made a request's
+    cost quadratic in its length).
+
+    Invariants: the ids only grow between calls (a shorter list starts over); `_fixed` is the
+    whole-list decode of ids[:_end] and does not end in U+FFFD (half a UTF-8 character), so
+    the text of later ids only appends to it; `_context` is decode(ids[_start:_end]). A
+    window whose decode does not begin with `_context` (a decoder that looks further back)
+    falls back to decoding the whole list.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self._fixed = self._context = ""
+        self._start = self._end = 0
+
+    def text(self, ids: list[int]) -> str:
+        """decode(ids), from the fixed text and a decode of the ids after it (with context)."""
+        window = self.decode(ids[self._start:]) if len(ids) >= self._end else None
+        if window is not None and window.startswith(self._context):
+            text = self._fixed + window[len(self._context):]
+        else:
+            text = self.decode(ids)
+            self._fixed, self._context, self._start, self._end = "", "", 0, 0
+        if len(ids) > self._end and not text.endswith("\ufffd"):
+            self._fixed, self._end = text, len(ids)
+            self._start = max(0, self._end - CONTEXT_TOKENS)
+            self._context = self.decode(ids[self._start:self._end])
+        return text
