@@ -134,8 +134,9 @@ class FinishChecker:
             text = self.decode(ids[lo:])
         if _find(text, params.stop, params.stop_regex) is None:
             return
+        prefix = GrowingText(self.decode)  # each prefix's text, decoded where it grew
         for n in range(start + 1, len(ids) + 1):
-            hit = _find(self.decode(ids[lo:n]), params.stop, params.stop_regex)
+            hit = _find(prefix.text(ids[lo:n]), params.stop, params.stop_regex)
             if hit is not None:
                 del req.output_ids[n:]
                 req.finish_reason = {"type": "stop", "matched": hit[1]}
