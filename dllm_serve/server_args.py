@@ -143,6 +143,10 @@ class ServerArgs:
     enable_metrics: bool = _f(
         True, "Serve Prometheus metrics at /metrics (--no-enable-metrics turns it off).",
         boolean=True)
+    incremental_streaming_output: bool = _f(
+        False, "A /generate stream sends each chunk's new text and output_ids only (SGLang's "
+        "flag); by default every chunk carries the whole text and output_ids so far. The "
+        "OpenAI routes stream deltas either way.", boolean=True)
     max_payload_size: int = _f(
         32 * 1024 * 1024, "Largest HTTP request body in bytes; larger ones get 413.")
     request_timeout: float | None = _f(

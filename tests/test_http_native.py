@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from http_helpers import Server, pools_whole, shared_server, sse_events
+from http_helpers import Server, pools_whole, shared_server, sse_events, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -44,6 +44,41 @@ def test_generate_stream_is_cumulative_and_matches(server: Server) -> None:
     texts = [c["text"] for c in chunks]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_incremental_streaming_output_sends_each_blocks_new_text_and_ids(
+        tiny_model_dir: Path) -> None:
+    """With --incremental-streaming-output (SGLang's flag) a /generate stream's events carry
+    only their new text and output_ids, the final event's included: joined, they are the
+    non-stream answer, with a stop string cut as there; the OpenAI stream is unchanged."""
+    inc = start_server(tiny_model_dir, "--incremental-streaming-output")
+
+    def stream(body: dict) -> list[dict]:  # type: ignore[type-arg]
+        with httpx.stream("POST", inc.url("/generate"), json={**body, "stream": True},
+                          timeout=60) as r:
+            return sse_events(r.iter_lines())[:-1]
+
+    try:
+        assert inc.get("/get_server_info").json()["incremental_streaming_output"] is True
+        body = {"text": "stream me", "sampling_params": {"max_new_tokens": 70,
+                                                         "ignore_eos": True}}
+        full = inc.post("/generate", body).json()
+        chunks = stream(body)
+        assert len(chunks) == 3 and all(len(c["output_ids"]) <= 32 for c in chunks)
+        assert "".join(c["text"] for c in chunks) == full["text"]
+        assert sum((c["output_ids"] for c in chunks), []) == full["output_ids"]
+        assert chunks[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
+        text = full["text"]  # the last stop string that first occurs where it stands
+        at = next(i for i in reversed(range(1, len(text) - 3))
+                  if text.find(text[i:i + 3]) == i and text[i:i + 3].strip())
+        stopped = {**body, "sampling_params": {**body["sampling_params"],
+                                               "stop": [text[at:at + 3]]}}
+        want = inc.post("/generate", stopped).json()
+        assert want["text"] == text[:at]
+        assert "".join(c["text"] for c in stream(stopped)) == text[:at]
+        assert pools_whole(inc)
+    finally:
+        inc.stop()
 
 
 def test_server_and_model_info(server: Server) -> None:

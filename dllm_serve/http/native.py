@@ -5,7 +5,8 @@ names, e.g. max_new_tokens, plus dllm_* settings; one dict or one per prompt), `
 `rid`, plus SGLang's other fields at their off values (request_fields.py). It answers
 `{"text", "output_ids", "meta_info"}` (a list for a batch or n > 1, prompt-major). A stream (one
 prompt, n = 1) sends one event per committed block whose `text` and `output_ids` are
-cumulative, as SGLang's HTTP stream is by default, and ends with `[DONE]`. An aborted request
+cumulative, as SGLang's HTTP stream is by default (with --incremental-streaming-output: each
+event's new text and ids only, the final one's included), and ends with `[DONE]`. An aborted request
 answers 200 with `finish_reason.type == "abort"`; a request the scheduler rejected answers its
 status. `max_new_tokens: 0` answers at once with an empty output (finish reason length).
 """
@@ -47,7 +48,8 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     observer = ctx.metrics.observer() if ctx.metrics is not None else None
     gen = Generation(front, choices, observer)
     if req.stream:
-        return await sse_response(request, _chunks(gen))
+        chunks = _deltas(gen) if ctx.args.incremental_streaming_output else _chunks(gen)
+        return await sse_response(request, chunks)
     finals = await until_disconnected(request, gen.finals())
     results = [result_dict(out) for out in finals]
     return JSONResponse(results if batch or len(results) > 1 else results[0])
@@ -79,6 +81,21 @@ async def _chunks(gen: Generation) -> AsyncIterator[dict[str, Any]]:
                 yield {"text": out.text, "output_ids": out.output_ids, "meta_info": out.meta}
     finally:
         gen.close()  # closed early (client gone, error): abort what is still running
+
+
+async def _deltas(gen: Generation) -> AsyncIterator[dict[str, Any]]:
+    """The stream with each event's new text and output_ids only (an event for every block
+    that adds ids, even where its text is held back: joined, the events give the whole
+    output)."""
+    try:
+        async for update in gen.updates():
+            out = update.out
+            if out.finished:
+                raise_if_failed(out.finish_reason)
+            if out.finished or out.delta or out.new_ids:
+                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+    finally:
+        gen.close()
 
 
 async def abort_request(ctx: ServerContext, body: bytes) -> Response:
