@@ -1,7 +1,8 @@
-"""The front's detokenisation of one request's output, block by block, as its receive thread
-does it for every committed block (`TokenizerManager._deliver`: the ids extended, then
-`IncrementalDetokenizer.update`), with GSM8K's stop strings held back; and the scheduler's
-check of a stop_regex at every commit (`FinishChecker.commit`), which searches the whole text.
+"""The front's delivery of one request's output, block by block, as its receive thread does
+it for every committed block (`TokenizerManager._deliver`: the ids kept, the text delta from
+`IncrementalDetokenizer.update`, the update handed on), with GSM8K's stop strings held back;
+and the scheduler's check of a stop_regex at every commit (`FinishChecker.commit`), which
+searches the whole text.
 
     python benchmarks/detokenize.py [--tokens 512 2048 8192] [--block 32] [--out R.json]
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,9 @@ from benchmarks.common import DATA_DIR, git_commit, read_jsonl, write_json  # no
 from dllm_serve.default_model import default_model_path  # noqa: E402
 from dllm_serve.managers.detokenizer import IncrementalDetokenizer  # noqa: E402
 from dllm_serve.managers.finish import FinishChecker  # noqa: E402
+from dllm_serve.managers.messages import ReqOutput  # noqa: E402
 from dllm_serve.managers.req import Req  # noqa: E402
+from dllm_serve.managers.tokenizer_manager import ReqState, TokenizerManager  # noqa: E402
 from dllm_serve.sampling_params import SamplingParams  # noqa: E402
 from dllm_serve.tokenizer import Tokenizer  # noqa: E402
 
@@ -45,16 +49,21 @@ def output_ids(tok: Tokenizer, tokens: int) -> list[int]:
 
 
 def detokenize(tok: Tokenizer, ids: list[int], block: int) -> tuple[float, str]:
-    """Seconds to detokenise `ids` committed `block` at a time, and the text streamed."""
+    """Seconds of the front's receive thread for `ids` committed `block` at a time
+    (`TokenizerManager._deliver` of each block: the ids kept, the text delta, the update
+    handed to the request's callback), and the text streamed."""
+    front = object.__new__(TokenizerManager)  # the front's delivery alone: no processes
+    front.states_lock = threading.Lock()
+    updates: list[Any] = []
     detok = IncrementalDetokenizer(lambda part: tok.decode(part, skip_special_tokens=True), STOPS)
-    done: list[int] = []
-    streamed = []
+    front.states = {"r": ReqState(SamplingParams(max_new_tokens=len(ids)), updates.append, detok)}
     t0 = time.perf_counter()
     for at in range(0, len(ids), block):
-        done.extend(ids[at:at + block])
         finished = at + block >= len(ids)
-        streamed.append(detok.update(done, {"type": "length"} if finished else None))
-    return time.perf_counter() - t0, "".join(streamed)
+        front._deliver(ReqOutput("r", np.asarray(ids[at:at + block], dtype=np.int64), finished,
+                                 {"type": "length"} if finished else None))
+    seconds = time.perf_counter() - t0
+    return seconds, "".join(u.delta for u in updates)
 
 
 def stop_regex_checks(tok: Tokenizer, ids: list[int], block: int) -> float:
@@ -90,7 +99,7 @@ def main() -> None:
         rows.append({"tokens": n, "request_ms": 1e3 * best, "us_per_block": 1e6 * best / blocks,
                      "stop_regex_request_ms": 1e3 * regex_best,
                      "stop_regex_us_per_block": 1e6 * regex_best / blocks})
-        print(f"{n:6d} tokens: detokenize {1e3 * best:8.2f} ms a request, "
+        print(f"{n:6d} tokens: front {1e3 * best:8.2f} ms a request, "
               f"{1e6 * best / blocks:7.1f} us a block; stop_regex check "
               f"{1e3 * regex_best:8.2f} ms a request, {1e6 * regex_best / blocks:7.1f} us a block")
     write_json(args.out, {"benchmark": "detokenize", "commit": git_commit(),

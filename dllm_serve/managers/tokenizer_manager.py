@@ -49,16 +49,25 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class GenOutput:
-    """One update of a request: the full text so far, the new part, and the metadata."""
+    """One update of a request: the full text so far, the new part, and the metadata.
+
+    `output_ids` (every id so far) is copied only when read: `ids` is the request's growing
+    list (appended to, never changed), of which this update saw the first `num_ids` (a copy
+    at every block cost time quadratic in the output, read or not)."""
 
     rid: str
     text: str
     delta: str
-    output_ids: list[int]
+    ids: list[int]
+    num_ids: int
     new_ids: list[int]
     finished: bool
     finish_reason: dict[str, Any] | None
     meta: dict[str, Any]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ids[:self.num_ids]
 
 
 @dataclass
@@ -251,7 +260,8 @@ class TokenizerManager:
                 "block_forwards": out.block_forwards, "block_edits": out.block_edits,
                 "e2e_latency": now - state.created,
                 "time_to_first_block": state.first_output - state.created}
-        state.callback(GenOutput(out.rid, state.detok.text, delta, list(state.output_ids),
+        state.callback(GenOutput(out.rid, state.detok.text, delta, state.output_ids,
+                                 len(state.output_ids),
                                  out.new_ids.tolist(), out.finished, out.finish_reason, meta))
 
     def _answer(self, msg: InfoResp | FlushCacheResp) -> None:
