@@ -239,7 +239,8 @@ async def _alast(q: _Updates) -> GenOutput:
 
 
 def result_dict(out: GenOutput) -> dict[str, Any]:
-    """A finished request as SGLang returns it: text, output_ids, meta_info."""
+    """A request's output as SGLang returns it (finished, or so far in a cumulative stream):
+    text, output_ids, meta_info."""
     reason = out.finish_reason or {}
     if reason.get("type") == "abort" and reason.get("status_code") == 500:
         raise EngineDeadError(reason.get("message", "engine failed"))

@@ -621,17 +621,22 @@ def test_worker_host_messages_go_through_the_codec_and_change_nothing() -> None:
     assert runs[True] == runs[False]
 
 
+def script_rows(tmp_path: Path, script: str, *args: str) -> list[dict[str, Any]]:
+    """Run benchmarks/<script>.py with args and --out, as a user would; the rows it saved."""
+    out = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *args,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())["rows"]
+
+
 def test_abort_burst_aborts_every_queued_request(tmp_path: Path) -> None:
     """The burst benchmark queues N requests, aborts each by its rid and reports the time."""
     from benchmarks.abort_burst import burst
 
     assert burst(50) > 0.0
-    out = tmp_path / "burst.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "abort_burst.py"),
-                           "--queued", "20", "40", "--repeats", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd="/")
-    assert done.returncode == 0, done.stderr
-    rows = json.loads(out.read_text())["rows"]
+    rows = script_rows(tmp_path, "abort_burst", "--queued", "20", "40", "--repeats", "1")
     assert [r["queued"] for r in rows] == [20, 40]
     assert all(r["us_per_abort"] == pytest.approx(1e6 * r["burst_s"] / r["queued"])
                for r in rows)
@@ -641,12 +646,7 @@ def test_detokenize_streams_the_whole_text(tmp_path: Path) -> None:
     """The detokenisation benchmark streams a request's output block by block (it asserts the
     deltas make the whole text) and checks a stop_regex at every commit (it asserts the whole
     output is kept), and reports the time a request and a block of each."""
-    out = tmp_path / "detok.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detokenize.py"),
-                           "--tokens", "64", "200", "--repeats", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd="/")
-    assert done.returncode == 0, done.stderr
-    rows = json.loads(out.read_text())["rows"]
+    rows = script_rows(tmp_path, "detokenize", "--tokens", "64", "200", "--repeats", "1")
     assert [r["tokens"] for r in rows] == [64, 200]
     for r in rows:
         blocks = -(-r["tokens"] // 32)

@@ -48,8 +48,8 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     observer = ctx.metrics.observer() if ctx.metrics is not None else None
     gen = Generation(front, choices, observer)
     if req.stream:
-        chunks = _deltas(gen) if ctx.args.incremental_streaming_output else _chunks(gen)
-        return await sse_response(request, chunks)
+        return await sse_response(request,
+                                  _chunks(gen, ctx.args.incremental_streaming_output))
     finals = await until_disconnected(request, gen.finals())
     results = [result_dict(out) for out in finals]
     return JSONResponse(results if batch or len(results) > 1 else results[0])
@@ -70,32 +70,22 @@ def _rids(rid: str | list[str] | None, n: int) -> list[str | None]:
     return list(rids)
 
 
-async def _chunks(gen: Generation) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(gen: Generation, incremental: bool) -> AsyncIterator[dict[str, Any]]:
+    """The stream's events: cumulative text and output_ids, one for each block whose text
+    grew and the final one; incremental (--incremental-streaming-output), each block's new
+    text and ids only, one for every block that adds ids (even where its text is held back:
+    joined, the events give the whole output)."""
     try:
         async for update in gen.updates():
             out = update.out
             if out.finished:
                 raise_if_failed(out.finish_reason)
+            if incremental and (out.finished or out.delta or out.new_ids):
+                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+            elif not incremental and (out.finished or out.delta):
                 yield result_dict(out)
-            elif out.delta:
-                yield {"text": out.text, "output_ids": out.output_ids, "meta_info": out.meta}
     finally:
         gen.close()  # closed early (client gone, error): abort what is still running
-
-
-async def _deltas(gen: Generation) -> AsyncIterator[dict[str, Any]]:
-    """The stream with each event's new text and output_ids only (an event for every block
-    that adds ids, even where its text is held back: joined, the events give the whole
-    output)."""
-    try:
-        async for update in gen.updates():
-            out = update.out
-            if out.finished:
-                raise_if_failed(out.finish_reason)
-            if out.finished or out.delta or out.new_ids:
-                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
-    finally:
-        gen.close()
 
 
 async def abort_request(ctx: ServerContext, body: bytes) -> Response:
