@@ -645,10 +645,13 @@ def test_abort_burst_aborts_every_queued_request(tmp_path: Path) -> None:
 def test_detokenize_streams_the_whole_text(tmp_path: Path) -> None:
     """The detokenisation benchmark streams a request's output block by block (it asserts the
     deltas make the whole text) and checks a stop_regex at every commit (it asserts the whole
-    output is kept), and reports the time a request and a block of each."""
-    rows = script_rows(tmp_path, "detokenize", "--tokens", "64", "200", "--repeats", "1")
+    output is kept), streams it again with long stop strings held back, and reports the time
+    a request and a block of each."""
+    rows = script_rows(tmp_path, "detokenize", "--tokens", "64", "200", "--repeats", "1",
+                       "--long-stops", "5", "50")
     assert [r["tokens"] for r in rows] == [64, 200]
     for r in rows:
+        assert r["long_stops_us_per_block"] > 0
         blocks = -(-r["tokens"] // 32)
         assert r["us_per_block"] == pytest.approx(1e3 * r["request_ms"] / blocks)
         assert r["stop_regex_us_per_block"] == pytest.approx(

@@ -57,6 +57,29 @@ def test_detokenizer_trims_or_keeps_the_stop_string() -> None:
     assert keep.update([0, 1, 2, 2, 3], reason) == "abccd"
 
 
+def test_partial_stop_len_is_the_longest_suffix_that_begins_a_stop_string() -> None:
+    """The stop-string hold-back against trying every length: random texts and stop strings
+    over small alphabets (many partial matches, periodic strings such as "abab..."), of every
+    length around the tail it looks for (partial_stop_len finds lengths past TAIL_CHARS
+    through that tail)."""
+    rng = np.random.default_rng(7)
+
+    def every_length(text: str, stops: list[str]) -> int:
+        return max((n for s in stops for n in range(1, min(len(s) - 1, len(text)) + 1)
+                    if text.endswith(s[:n])), default=0)
+
+    for case in range(3000):
+        alphabet = "ab" if case % 3 == 0 else "abc" if case % 3 == 1 else "abcdefgh"
+
+        def word(most: int, alphabet: str = alphabet) -> str:
+            return "".join(rng.choice(list(alphabet), int(rng.integers(0, most))))
+        unit = word(4) or "a"
+        stops = [word(60) if rng.random() < 0.6 else unit * int(rng.integers(1, 30))
+                 for _ in range(int(rng.integers(0, 4)))]
+        text = word(50) + (rng.choice(stops)[:int(rng.integers(0, 60))] if stops else "")
+        assert partial_stop_len(text, stops) == every_length(text, stops), (text, stops)
+
+
 def test_from_dict_maps_sglang_spellings() -> None:
     p = SamplingParams.from_dict({"stop": "x", "stop_regex": "a+", "top_k": -1, "n": 1,
                                   "min_p": 0.0, "stop_token_ids": None, "regex": None,

@@ -22,7 +22,7 @@ class IncrementalDetokenizer:
     def __init__(self, decode: Callable[[list[int]], str], stops: list[str],
                  keep_stop: bool = False) -> None:
         self.decoded = GrowingText(decode)
-        self.stops = stops
+        self.stops = list(dict.fromkeys(stops))  # each distinct stop string once
         self.keep_stop = keep_stop
         self.sent = 0
         self.text = ""

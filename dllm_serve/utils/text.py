@@ -19,15 +19,35 @@ def find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
 def partial_stop_len(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string.
 
-    Streaming holds that suffix back: the next block may complete the stop string.
+    Streaming holds that suffix back: the next block may complete the stop string. A length
+    n >= len(tail) (the text's last TAIL_CHARS characters) needs stop[n - len(tail):n] ==
+    tail, so those lengths are found with `str.rfind` of the tail in the stop, longest first,
+    and only they are compared whole; the few shorter lengths are compared one by one. (Trying
+    every length costed O(len(stop) ** 2) a stop at every block, on the front's thread.)
     """
+    tail = text[-TAIL_CHARS:]
     longest = 0
     for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
+        n = min(len(stop) - 1, len(text))
+        while n >= len(tail) and n > longest:
+            at = stop.rfind(tail, 0, n)  # the longest candidate <= n ends where the tail does
+            if at < 0:
+                n = len(tail) - 1
+                break
+            n = at + len(tail)
+            if n > longest and text.endswith(stop[:n]):
                 longest = n
                 break
+            n -= 1
+        for short in range(min(n, len(tail) - 1), longest, -1):
+            if text.endswith(stop[:short]):
+                longest = short
+                break
     return longest
+
+
+# Characters at the end of the text that partial_stop_len looks for in each stop string.
+TAIL_CHARS = 16
 
 
 # Tokens before the new ones that each update decodes again with them: a decoder that looks
