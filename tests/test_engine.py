@@ -49,6 +49,14 @@ def test_generate_single_batch_and_ids(engine: Engine) -> None:
     assert_pools_whole(engine)
 
 
+def test_scheduler_and_worker_froze_their_startup_objects(engine: Engine) -> None:
+    """Each child process moved what its startup made (modules, torch, the model) out of the
+    cyclic collector's reach before it reported ready (`procs.freeze_startup_objects`), so no
+    full collection while serving scans them."""
+    startup = engine.get_server_info()["startup"]
+    assert startup["worker_gc_frozen"] > 1000 and startup["scheduler_gc_frozen"] > 1000
+
+
 def test_many_concurrent_requests_finish_with_exact_lengths(engine: Engine) -> None:
     prompts = [("word " * (1 + 7 * i % 60)).strip() for i in range(32)]
     lengths = [1 + (13 * i) % 90 for i in range(32)]

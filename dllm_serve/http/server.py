@@ -19,7 +19,7 @@ import uvicorn
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.http.app import build_app
 from dllm_serve.http.context import ServerContext
-from dllm_serve.managers.procs import setup_logging
+from dllm_serve.managers.procs import freeze_startup_objects, setup_logging
 from dllm_serve.managers.tokenizer_manager import TokenizerManager
 from dllm_serve.server_args import ServerArgs
 
@@ -97,6 +97,7 @@ def _start(ctx: ServerContext, loading: asyncio.Task[TokenizerManager],
         return None
     front = loading.result()
     ctx.front = front
+    freeze_startup_objects()  # the front's too: a full collection would stall every request
     ctx.life.mark_ready(front)
     url = f"http://{ctx.args.host}:{ctx.args.port}"
     startup = front.ready_info.get("startup", {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -94,6 +95,18 @@ def profiled(env: str, fn: Callable[..., None], *args: Any) -> None:
         prof.runcall(fn, *args)
     finally:
         prof.dump_stats(f"{prefix}.{os.getpid()}")
+
+
+def freeze_startup_objects() -> int:
+    """Collect once, then move every object made while starting (modules, torch, the model,
+    the tokenizer: 170-310k objects) out of the cyclic collector's reach (`gc.freeze`); returns
+    how many. A full collection otherwise scans them all, and serving triggers one whenever
+    enough new objects survive (a burst of queued requests): a pause of 70-160 ms of the
+    scheduler or the worker on a 2-core CPU, the device idle meanwhile. Frozen objects are
+    never collected: call it once, when startup is over."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def setup_logging(level: str) -> None:

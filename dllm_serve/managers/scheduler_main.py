@@ -30,7 +30,12 @@ from dllm_serve.managers.messages import (
     WorkerReady,
     WorkerReport,
 )
-from dllm_serve.managers.procs import die_with_parent, profiled, setup_logging
+from dllm_serve.managers.procs import (
+    die_with_parent,
+    freeze_startup_objects,
+    profiled,
+    setup_logging,
+)
 from dllm_serve.managers.scheduler import Scheduler
 from dllm_serve.tokenizer import Tokenizer
 
@@ -60,7 +65,9 @@ def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
     try:
         ready = check_worker(worker_in.recv())
         scheduler = build_scheduler(cfg, ready)
-        front_out.send(Ready({**scheduler.server_info(), **ready.info}))  # + "startup"
+        # no full collection scans the startup's objects
+        startup = {**ready.info.get("startup", {}), "scheduler_gc_frozen": freeze_startup_objects()}
+        front_out.send(Ready({**scheduler.server_info(), **ready.info, "startup": startup}))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
         profiled(PROFILE_ENV, event_loop, scheduler, front_in, worker_in, front_out, worker_out)
         worker_out.send(Shutdown())

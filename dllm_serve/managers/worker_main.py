@@ -20,7 +20,12 @@ from dllm_serve.dllm.algorithms import build_algorithm
 from dllm_serve.engine_config import WorkerConfig
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import Shutdown, WorkerBatch, WorkerFailed, WorkerReady, WorkItem
-from dllm_serve.managers.procs import die_with_parent, profiled, setup_logging
+from dllm_serve.managers.procs import (
+    die_with_parent,
+    freeze_startup_objects,
+    profiled,
+    setup_logging,
+)
 from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.runner import ModelRunner
@@ -41,7 +46,8 @@ def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
     try:
         start = time.monotonic()
         worker = build_worker(cfg)
-        info = startup_info(worker, time.monotonic() - start)
+        frozen = freeze_startup_objects()  # no full collection scans the startup's objects
+        info = {**startup_info(worker, time.monotonic() - start), "worker_gc_frozen": frozen}
         logger.info("worker ready in %.1f s (warm-up and capture %.1f s of it)",
                     info["worker_s"], info["warmup_s"])
         tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size,
