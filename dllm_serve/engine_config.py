@@ -26,6 +26,7 @@ class WorkerConfig:
     dllm: DllmConfig
     mode: RoundMode
     log_level: str = "info"
+    gc_warning_s: float = 0.0  # log collections that pause the process longer (0: off)
     depth: int | None = None  # the worker's pipeline depth; None: adaptive on CUDA
     multi_step: int | None = 1  # forwards per pass of the worker; None: adaptive on CUDA
 
@@ -36,6 +37,7 @@ class SchedulerProcConfig:
     tokenizer_path: str
     eos_ids: tuple[int, ...]
     log_level: str = "info"
+    gc_warning_s: float = 0.0  # log collections that pause the process longer (0: off)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ class EngineConfig:
             cuda_graphs=not a.disable_cuda_graph, graph_max_blocks=a.graph_max_blocks,
             chunked_prefill_size=a.chunked_prefill_size)
         return WorkerConfig(runner, self.dllm, self.mode, a.log_level,
-                            _pacing(a.dllm_pipeline_depth), _pacing(a.dllm_multi_step))
+                            a.gc_warning_threshold_secs, _pacing(a.dllm_pipeline_depth),
+                            _pacing(a.dllm_multi_step))
 
     def scheduler(self) -> SchedulerProcConfig:
         a = self.args
@@ -98,7 +101,8 @@ class EngineConfig:
             chunked_prefill_size=a.chunked_prefill_size, num_pages=0, page_size=0,
             random_seed=a.random_seed, wavefront_size=a.dllm_wavefront_size,
             radix_cache=not a.disable_radix_cache, admit_ahead=a.admit_ahead)
-        return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level)
+        return SchedulerProcConfig(cfg, self.tokenizer_path, self.eos_ids, a.log_level,
+                                   a.gc_warning_threshold_secs)
 
 
 def _pacing(value: str) -> int | None:

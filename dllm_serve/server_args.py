@@ -139,6 +139,10 @@ class ServerArgs:
         None, "If set, every HTTP route but /health, /health_generate and /metrics needs "
         "'Authorization: Bearer KEY'.")
     log_level: str = _f("info", "Logging level.", choices=LOG_LEVELS)
+    gc_warning_threshold_secs: float = _f(
+        0.0, "Log a warning whenever one cyclic garbage collection pauses the scheduler, the "
+        "worker or the HTTP front longer than this many seconds (SGLang's flag; 0: off). Each "
+        "process moves its startup objects out of the collector's reach, so pauses are short.")
     startup_timeout: float = _f(600.0, "Seconds to wait for the model to load before giving up.")
     enable_metrics: bool = _f(
         True, "Serve Prometheus metrics at /metrics (--no-enable-metrics turns it off).",
@@ -174,6 +178,8 @@ class ServerArgs:
                f"--context-length must be > 0, got {self.context_length}")
         _check(self.chunked_prefill_size > 0,
                f"--chunked-prefill-size must be > 0, got {self.chunked_prefill_size}")
+        _check(self.gc_warning_threshold_secs >= 0.0,  # NaN fails too
+               f"--gc-warning-threshold-secs must be >= 0, got {self.gc_warning_threshold_secs}")
         _check(self.startup_timeout > 0,
                f"--startup-timeout must be > 0, got {self.startup_timeout}")
         _check(self.max_payload_size > 0,

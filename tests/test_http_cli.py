@@ -33,6 +33,7 @@ def test_help_lists_every_flag() -> None:
     (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
     (["--dllm-gate-arm-forwards", "-1"], "--dllm-gate-arm-forwards"),
     (["--dllm-gate-arm-forwards", "nan"], "--dllm-gate-arm-forwards"),
+    (["--gc-warning-threshold-secs", "-1"], "--gc-warning-threshold-secs"),
     (["--dllm-algorithm", "Nope"], "LowConfidence"),
     (["--dllm-algorithm-config", "/no/such.yaml"], "no such file"),
     (["--model-path", "/no/such/model"], "--model-path"),

@@ -1,4 +1,5 @@
-"""procs.profiled: a process loop under cProfile when its variable names a path prefix."""
+"""procs.profiled: a process loop under cProfile when its variable names a path prefix; and
+procs.warn_long_gc, the --gc-warning-threshold-secs hook."""
 
 from __future__ import annotations
 
@@ -41,3 +42,24 @@ def test_a_loop_stopped_by_sigterm_still_writes_its_stats(tmp_path, monkeypatch)
     with pytest.raises(SystemExit):
         profiled(ENV, busy_loop, [], SystemExit(0))
     assert (tmp_path / f"prof.{os.getpid()}").stat().st_size > 0
+
+
+def test_warn_long_gc_logs_collections_over_the_threshold(caplog):
+    """--gc-warning-threshold-secs: a collection longer than the threshold is logged as a
+    warning (a threshold of a nanosecond: every collection); 0 installs nothing."""
+    import gc
+    import logging
+
+    from dllm_serve.managers.procs import warn_long_gc
+
+    before = list(gc.callbacks)
+    warn_long_gc(0.0)
+    assert gc.callbacks == before
+    warn_long_gc(1e-9)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dllm_serve.managers.procs"):
+            gc.collect()
+        assert any("garbage collection paused this process" in r.getMessage()
+                   and "generation 2" in r.getMessage() for r in caplog.records)
+    finally:
+        gc.callbacks[:] = before

@@ -19,7 +19,7 @@ import uvicorn
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.http.app import build_app
 from dllm_serve.http.context import ServerContext
-from dllm_serve.managers.procs import freeze_startup_objects, setup_logging
+from dllm_serve.managers.procs import freeze_startup_objects, setup_logging, warn_long_gc
 from dllm_serve.managers.tokenizer_manager import TokenizerManager
 from dllm_serve.server_args import ServerArgs
 
@@ -46,6 +46,7 @@ class _Uvicorn(uvicorn.Server):
 def run_server(args: ServerArgs) -> int:
     """Serve until stopped; returns the process exit code."""
     setup_logging(args.log_level)
+    warn_long_gc(args.gc_warning_threshold_secs)
     return asyncio.run(_serve(ServerContext.create(EngineConfig.resolve(args))))
 
 

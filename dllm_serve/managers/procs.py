@@ -109,6 +109,24 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
+def warn_long_gc(threshold_s: float) -> None:
+    """Log a warning for every cyclic garbage collection that pauses this process longer than
+    threshold_s seconds (0: do nothing): --gc-warning-threshold-secs."""
+    if threshold_s <= 0:
+        return
+    started = [0.0]
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (paused := time.perf_counter() - started[0]) > threshold_s:
+            logger.warning("a garbage collection paused this process %.3f s (generation %d, "
+                           "%d objects collected)", paused, info["generation"],
+                           info["collected"])
+
+    gc.callbacks.append(hook)
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),

@@ -35,6 +35,7 @@ from dllm_serve.managers.procs import (
     freeze_startup_objects,
     profiled,
     setup_logging,
+    warn_long_gc,
 )
 from dllm_serve.managers.scheduler import Scheduler
 from dllm_serve.tokenizer import Tokenizer
@@ -58,6 +59,7 @@ class WorkerCrashed(RuntimeError):
 
 def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
     setup_logging(cfg.log_level)
+    warn_long_gc(cfg.gc_warning_s)
     die_with_parent()
     ctx = zmq.Context()
     front_in, front_out = Receiver(ctx, addrs.to_scheduler), Sender(ctx, addrs.to_front)

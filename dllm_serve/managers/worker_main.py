@@ -25,6 +25,7 @@ from dllm_serve.managers.procs import (
     freeze_startup_objects,
     profiled,
     setup_logging,
+    warn_long_gc,
 )
 from dllm_serve.managers.round_trace import Tracer
 from dllm_serve.managers.worker import Worker
@@ -40,6 +41,7 @@ SETTLE_AFTER_MS = 5
 
 def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
     setup_logging(cfg.log_level)
+    warn_long_gc(cfg.gc_warning_s)
     die_with_parent()
     ctx = zmq.Context()
     rx, tx = Receiver(ctx, addrs.to_worker), Sender(ctx, addrs.from_worker)
