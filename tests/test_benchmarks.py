@@ -289,7 +289,7 @@ def test_plot_writes_pngs(gsm8k_engine_json: Path, offline_json: Path, serving_j
 
 @pytest.mark.parametrize("script", ["gsm8k", "serving", "offline_throughput", "plot",
                                     "moe_tune", "host_copy_bench", "abort_burst",
-                                    "detokenize"])
+                                    "detokenize", "gc_pauses"])
 def test_runs_as_a_script_with_help(script: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
                          capture_output=True, text=True, timeout=60, cwd="/")
@@ -656,3 +656,32 @@ def test_detokenize_streams_the_whole_text(tmp_path: Path) -> None:
         assert r["us_per_block"] == pytest.approx(1e3 * r["request_ms"] / blocks)
         assert r["stop_regex_us_per_block"] == pytest.approx(
             1e3 * r["stop_regex_request_ms"] / blocks)
+
+
+def test_gc_pauses_sums_each_process_collections_inside_the_window(tmp_path: Path) -> None:
+    """gc_pauses.py: the records of every process (this one and the Engine's children, through
+    the sitecustomize hook) summed per process and generation, only inside the burst's window;
+    a run through a real Engine writes its rows."""
+    from benchmarks.gc_pauses import summarize
+
+    recs = [{"t": 1.0, "proc": "dllm-serve-scheduler", "gen": 2, "ms": 80.0, "tracked": 9},
+            {"t": 5.0, "proc": "dllm-serve-scheduler", "gen": 2, "ms": 20.0, "tracked": 7},
+            {"t": 6.0, "proc": "dllm-serve-scheduler", "gen": 2, "ms": 5.0, "tracked": 8},
+            {"t": 6.5, "proc": "dllm-serve-worker", "gen": 0, "ms": 0.5, "tracked": None},
+            {"t": 9.0, "proc": "dllm-serve-worker", "gen": 0, "ms": 3.0, "tracked": None}]
+    rows = summarize(recs, 2.0, 8.0)
+    assert rows == [
+        {"process": "dllm-serve-scheduler", "generation": 2, "collections": 2,
+         "total_ms": 25.0, "longest_ms": 20.0, "tracked_max": 8},
+        {"process": "dllm-serve-worker", "generation": 0, "collections": 1, "total_ms": 0.5,
+         "longest_ms": 0.5, "tracked_max": None}]
+    out = tmp_path / "gc.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gc_pauses.py"),
+                           "--requests", "48", "--max-new-tokens", "8", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["burst_s"] > 0 and {r["process"] for r in result["rows"]} <= {
+        "MainProcess", "dllm-serve-scheduler", "dllm-serve-worker"}
+    assert all(r["collections"] >= 1 and r["total_ms"] >= r["longest_ms"] > 0
+               for r in result["rows"])
