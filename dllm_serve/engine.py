@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import queue
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dllm_serve.engine_config import EngineConfig
@@ -22,6 +24,23 @@ from dllm_serve.sampling_params import SamplingParams
 from dllm_serve.server_args import ServerArgs
 
 Params = dict[str, Any] | list[dict[str, Any]] | None
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a batch is submitted, back on (if it was on)
+    after. Submitting thousands of prompts in one call allocates enough to start a full
+    collection of the caller's process (torch imported: 150-200 ms on a 2-core CPU, in 2 of 3
+    submissions of 4,096 prompts), while the scheduler has only the requests sent so far and
+    the device may run out of blocks. Deferred, the collection runs once every request is
+    queued."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class Engine:
@@ -46,7 +65,8 @@ class Engine:
         batch, requests = self._requests(prompt, sampling_params, input_ids, rid, stream)
         if stream:
             return self._stream(*requests[0])
-        waits = [self._submit(i, p, r) for i, p, r in requests]
+        with collector_paused():
+            waits = [self._submit(i, p, r) for i, p, r in requests]
         results = [result_dict(_last(q)) for _, q in waits]
         return results if batch or len(results) > 1 else results[0]
 
@@ -66,8 +86,9 @@ class Engine:
         loop = asyncio.get_running_loop()
         waits: list[tuple[str, _Updates]] = []
         try:
-            for i, p, r in requests:
-                waits.append(self._asubmit(loop, i, p, r))
+            with collector_paused():
+                for i, p, r in requests:
+                    waits.append(self._asubmit(loop, i, p, r))
             outs = [await _alast(q) for _, q in waits]
         finally:
             for r, q in waits:

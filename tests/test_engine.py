@@ -57,6 +57,34 @@ def test_scheduler_and_worker_froze_their_startup_objects(engine: Engine) -> Non
     assert startup["worker_gc_frozen"] > 1000 and startup["scheduler_gc_frozen"] > 1000
 
 
+def test_a_batch_is_submitted_with_the_collector_paused(engine: Engine, monkeypatch) -> None:
+    """generate / async_generate submit a batch with Python's cyclic collector off (a full
+    collection of the caller's process mid-submission left the scheduler without requests),
+    and turn it back on after, unless the caller had it off."""
+    import asyncio
+    import gc
+
+    seen: list[bool] = []
+    submit = engine.front.submit
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(engine.front, "submit", spy)
+    params = {"max_new_tokens": 2}
+    assert gc.isenabled()
+    engine.generate(["a", "b", "c"], params)
+    asyncio.run(engine.async_generate(["d", "e"], params))
+    assert seen == [False] * 5 and gc.isenabled()
+    gc.disable()
+    try:
+        engine.generate(["f"], params)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_many_concurrent_requests_finish_with_exact_lengths(engine: Engine) -> None:
     prompts = [("word " * (1 + 7 * i % 60)).strip() for i in range(32)]
     lengths = [1 + (13 * i) % 90 for i in range(32)]
