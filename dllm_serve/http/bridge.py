@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 from starlette.requests import Request
 
 from dllm_serve.http.errors import ClientDisconnected, raise_if_failed
+from dllm_serve.managers.procs import collector_paused
 from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
 from dllm_serve.sampling_params import SamplingParams
 
@@ -70,9 +71,10 @@ class Generation:
     def _submit_all(self) -> None:
         submitted: list[str] = []
         try:
-            for i, c in enumerate(self.choices):
-                self.front.submit(c.input_ids, c.params, self._callback(i), c.rid)
-                submitted.append(c.rid)
+            with collector_paused():
+                for i, c in enumerate(self.choices):
+                    self.front.submit(c.input_ids, c.params, self._callback(i), c.rid)
+                    submitted.append(c.rid)
         except BaseException:
             for rid in submitted:
                 self.front.abort(rid)

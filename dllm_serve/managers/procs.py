@@ -10,7 +10,8 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,23 @@ def warn_long_gc(threshold_s: float) -> None:
                            info["collected"])
 
     gc.callbacks.append(hook)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the front submits a batch (Engine.generate,
+    async_generate, an HTTP request's prompts and choices), back on (if it was on) after.
+    Submitting thousands of prompts in one call allocates enough to start a full collection of
+    the front's process (torch imported: 150-200 ms on a 2-core CPU, in 1-2 of 3 submissions
+    of 4,096 prompts), while the scheduler has only the requests sent so far and the device
+    may run out of blocks. Deferred, the collection runs once every request is queued."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def setup_logging(level: str) -> None:

@@ -1,7 +1,7 @@
 """Probe (session 24): the front's submission of N prompts (`front.submit` in a loop, as
 Engine.generate does), three bursts: the submission's span, the longest gaps between two
 submissions and this process's full collections inside it; "paused" submits each burst with
-the collector off (`dllm_serve.engine.collector_paused`). Each burst is aborted after it.
+the collector off (`managers.procs.collector_paused`). Each burst is aborted after it.
 
     python benchmarks/results/h200/runtime/submit_gc_probe.py 4096 plain   # or paused
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from benchmarks.common import gsm8k_questions  # noqa: E402
-from dllm_serve.engine import Engine, collector_paused  # noqa: E402
+from dllm_serve.engine import Engine  # noqa: E402
+from dllm_serve.managers.procs import collector_paused  # noqa: E402
 from dllm_serve.sampling_params import SamplingParams  # noqa: E402
 
 PAUSES: list[tuple[int, float]] = []
