@@ -103,7 +103,8 @@ def freeze_startup_objects() -> int:
     the tokenizer: 170-310k objects) out of the cyclic collector's reach (`gc.freeze`); returns
     how many. A full collection otherwise scans them all, and serving triggers one whenever
     enough new objects survive (a burst of queued requests): a pause of 70-160 ms of the
-    scheduler or the worker on a 2-core CPU, the device idle meanwhile. Frozen objects are
+    scheduler or the worker on a 2-core CPU (the device idles once the worker's blocks run
+    out). Frozen objects are
     never collected: call it once, when startup is over."""
     gc.collect()
     gc.freeze()

@@ -16,6 +16,10 @@ def find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
     return best
 
 
+# Characters at the end of the text that partial_stop_len looks for in each stop string.
+TAIL_CHARS = 16
+
+
 def partial_stop_len(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string.
 
@@ -23,7 +27,7 @@ def partial_stop_len(text: str, stops: list[str]) -> int:
     n >= len(tail) (the text's last TAIL_CHARS characters) needs stop[n - len(tail):n] ==
     tail, so those lengths are found with `str.rfind` of the tail in the stop, longest first,
     and only they are compared whole; the few shorter lengths are compared one by one. (Trying
-    every length costed O(len(stop) ** 2) a stop at every block, on the front's thread.)
+    every length cost O(len(stop) ** 2) a stop at every block, on the front's thread.)
     """
     tail = text[-TAIL_CHARS:]
     longest = 0
@@ -44,10 +48,6 @@ def partial_stop_len(text: str, stops: list[str]) -> int:
                 longest = short
                 break
     return longest
-
-
-# Characters at the end of the text that partial_stop_len looks for in each stop string.
-TAIL_CHARS = 16
 
 
 # Tokens before the new ones that each update decodes again with them: a decoder that looks
