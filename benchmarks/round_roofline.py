@@ -54,10 +54,10 @@ from dllm_serve.dllm.modes import RoundMode
 from dllm_serve.layers.moe import Experts
 from dllm_serve.layers.moe_router import route, sum_logit_parts
 from dllm_serve.managers.worker import Worker
-from dllm_serve.model.config import ModelConfig
+from dllm_serve.model.config import ModelConfig, RunnerConfig
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import random_model
-from dllm_serve.model.runner import ModelRunner, RunnerConfig
+from dllm_serve.model.runner import ModelRunner
 from dllm_serve.tools.tiny_checkpoint import ARCHES, PRESETS, checkpoint_config, preset_arch
 
 CPU_CEILINGS = (50e9, 1e12)  # bytes/s, FLOP/s: placeholders for a CPU smoke run

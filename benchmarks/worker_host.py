@@ -61,8 +61,7 @@ from local_engine import FakeRunner, LocalEngine  # noqa: E402
 
 from benchmarks.common import write_json  # noqa: E402
 from benchmarks.scheduled_denoise import ScheduledConfig, ScheduledDenoise  # noqa: E402
-from dllm_serve.dllm.modes import RoundMode  # noqa: E402
-from dllm_serve.dllm.wavefront import WavefrontConfig  # noqa: E402
+from dllm_serve.dllm.modes import RoundMode, WavefrontConfig  # noqa: E402
 from dllm_serve.managers.finish import FinishChecker  # noqa: E402
 from dllm_serve.managers.messages import (  # noqa: E402
     BatchOutput,

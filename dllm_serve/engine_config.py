@@ -11,11 +11,9 @@ from dataclasses import dataclass
 
 from dllm_serve.default_model import resolve_model_path
 from dllm_serve.dllm.config import DllmConfig, arch_defaults
-from dllm_serve.dllm.modes import RoundMode
-from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.dllm.modes import RoundMode, WavefrontConfig
 from dllm_serve.managers.scheduler_config import SchedulerConfig
-from dllm_serve.model.config import ModelConfig
-from dllm_serve.model.runner import RunnerConfig
+from dllm_serve.model.config import ModelConfig, RunnerConfig
 from dllm_serve.server_args import ServerArgs
 from dllm_serve.tokenizer import Tokenizer
 

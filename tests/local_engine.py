@@ -16,8 +16,7 @@ import torch
 from dllm_serve.dllm.algorithms import ALGORITHMS, DllmAlgorithm, StepOutput, build_algorithm
 from dllm_serve.dllm.algorithms.base import AlgorithmConfig, State
 from dllm_serve.dllm.batch import DenoiseBatch
-from dllm_serve.dllm.modes import RoundMode
-from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.dllm.modes import RoundMode, WavefrontConfig
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.messages import GenerateReq, ReqOutput, WorkerReport, WorkItem

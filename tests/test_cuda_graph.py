@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
-from dllm_serve.dllm.modes import RoundMode
-from dllm_serve.dllm.wavefront import WavefrontConfig
+from dllm_serve.dllm.modes import RoundMode, WavefrontConfig
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.managers.messages import AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker

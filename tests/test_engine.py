@@ -57,6 +57,13 @@ def test_scheduler_and_worker_froze_their_startup_objects(engine: Engine) -> Non
     assert startup["worker_gc_frozen"] > 1000 and startup["scheduler_gc_frozen"] > 1000
 
 
+def test_the_scheduler_process_never_imports_torch(engine: Engine) -> None:
+    """The scheduler's modules and its frozen config (managers/scheduler_config.py,
+    engine_config.py, dllm/modes.py, model/config.py) are torch-free: its process holds none of
+    torch's memory, objects or import time."""
+    assert engine.get_server_info()["startup"]["scheduler_torch_loaded"] is False
+
+
 def test_a_batch_is_submitted_with_the_collector_paused(engine: Engine, monkeypatch) -> None:
     """generate / async_generate submit a batch with Python's cyclic collector off (a full
     collection of the caller's process mid-submission left the scheduler without requests),

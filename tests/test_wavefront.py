@@ -16,8 +16,8 @@ from dllm_serve.dllm.algorithms import DenoiseBatch
 from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThresholdConfig
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
 from dllm_serve.dllm.denoise_step import StepSpec, denoise_step
-from dllm_serve.dllm.modes import RoundMode, plan, plan_one
-from dllm_serve.dllm.wavefront import WavefrontConfig, earlier_block_changed, readiness
+from dllm_serve.dllm.modes import RoundMode, WavefrontConfig, plan, plan_one
+from dllm_serve.dllm.wavefront import earlier_block_changed, readiness
 from dllm_serve.managers.messages import AbortReq, AddPages, Admit, ReqSettings
 from dllm_serve.managers.worker import Worker
 from dllm_serve.model.denoise_run import DenoiseRun

@@ -6,7 +6,8 @@
 - sync: nothing retires until every request in the batch can retire its leftmost block; then
   every request retires its leading converged blocks together, and new work joins.
 - wavefront (size W > 1, FlowBlock): a request may also open its next block before its
-  frontier is done, when the frontier is ready (see wavefront.py); lockstep (a benchmark
+  frontier is done, when the frontier is ready (`WavefrontConfig`; the gate's mechanics in
+  wavefront.py); lockstep (a benchmark
   baseline, sync only) opens blocks only when every request that could is ready, all together.
 A request whose window empties opens its next block if it goes on (no stop token, pages mapped).
 Blocks retire in order only, so a committed block's KV was computed from its final tokens and
@@ -18,7 +19,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dllm_serve.dllm.wavefront import CONVERGED, READY, WavefrontConfig
+CONVERGED, READY = 1, 2  # a row's flags after its step (RowStorage.flag), a gate's bits
+# (kernels/readout.py writes a row's flags as converged | ready << 1: these very bits)
+
+
+@dataclass(frozen=True)
+class WavefrontConfig:
+    size: int = 1  # W: most active blocks per request
+    spawn_threshold: float = 0.6  # theta
+    token_threshold: float | None = None  # tau; None: the algorithm's own threshold
+    lockstep: bool = False  # baseline: every request spawns and retires together
+    gated: bool = False  # W > 1: the next block waits in a row, opened on the device
+    standby: bool = False  # FDFO, W = 1: the same (the successor waits for convergence)
+    # gated / standby: place blocks ahead only while recent blocks averaged at most this many
+    # forwards (inf: always)
+    arm_forwards: float = 6.0
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"--dllm-wavefront-size must be >= 1, got {self.size}")
+        if not 0.0 <= self.spawn_threshold <= 1.0:
+            raise ValueError(f"--dllm-spawn-threshold must be in [0, 1], got "
+                             f"{self.spawn_threshold}")
+        tau = self.token_threshold
+        if tau is not None and not 0.0 <= tau <= 1.0:
+            raise ValueError(f"--dllm-spawn-token-threshold must be in [0, 1], got {tau}")
+        if not self.arm_forwards >= 0.0:  # NaN fails too
+            raise ValueError(f"--dllm-gate-arm-forwards must be >= 0 (inf: always), got "
+                             f"{self.arm_forwards}")
 
 
 @dataclass(frozen=True)

@@ -9,53 +9,23 @@ retiring blocks as gone, and the new block fits the request's pages (dllm/modes.
 When a block's tokens change, the later blocks of its request are reopened (their convergence
 was judged against the old tokens). W = 1 is plain block-by-block decoding (no spawning).
 
-Gated spawning (W > 1 `WavefrontConfig.gated`; W = 1 with FDFO `standby`): the host does not wait to
-read a frontier's readiness back before it opens the next block. It places the next block ahead, in
-a row of its own, *gated* on its predecessor, and the device opens it in the first step after the
-predecessor reported one of the gate's flags (`open_gates`: ready or converged with W > 1; with W =
-1, converged: the successor runs in its predecessor's final forward, which stores the final K/V
-before any attention). Until then every step leaves the row as it entered (all masks, fresh state)
-and reports it `gated`; the readout tells the host when it opened. A waiting row costs a row of
-every forward it waits through and saves its request one forward (the host's lag), so placing ahead
-pays only where blocks are short: the worker places blocks ahead while the blocks it retired lately
-took at most `arm_forwards` forwards on average (managers/block_flow.py), and otherwise opens them
-as without gating (W > 1: on the frontier's readiness read back; W = 1: after the retirement).
+Gated spawning (W > 1 `WavefrontConfig.gated`, dllm/modes.py; W = 1 with FDFO `standby`): the host
+does not wait to read a frontier's readiness back before it opens the next block. It places the
+next block ahead, in a row of its own, *gated* on its predecessor, and the device opens it in the
+first step after the predecessor reported one of the gate's flags (`open_gates`: ready or converged
+with W > 1; with W = 1, converged: the successor runs in its predecessor's final forward, which
+stores the final K/V before any attention). Until then every step leaves the row as it entered (all
+masks, fresh state) and reports it `gated`; the readout tells the host when it opened. A waiting
+row costs a row of every forward it waits through and saves its request one forward (the host's
+lag), so placing ahead pays only where blocks are short: the worker places blocks ahead while the
+blocks it retired lately took at most `arm_forwards` forwards on average (managers/block_flow.py),
+and otherwise opens them as without gating (W > 1: on the frontier's readiness read back; W = 1:
+after the retirement).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-
-CONVERGED, READY = 1, 2  # a row's flags after its step (RowStorage.flag), a gate's bits
-# (kernels/readout.py writes a row's flags as converged | ready << 1: these very bits)
-
-
-@dataclass(frozen=True)
-class WavefrontConfig:
-    size: int = 1  # W: most active blocks per request
-    spawn_threshold: float = 0.6  # theta
-    token_threshold: float | None = None  # tau; None: the algorithm's own threshold
-    lockstep: bool = False  # baseline: every request spawns and retires together
-    gated: bool = False  # W > 1: the next block waits in a row, opened on the device
-    standby: bool = False  # FDFO, W = 1: the same (the successor waits for convergence)
-    # gated / standby: place blocks ahead only while recent blocks averaged at most this many
-    # forwards (inf: always)
-    arm_forwards: float = 6.0
-
-    def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ValueError(f"--dllm-wavefront-size must be >= 1, got {self.size}")
-        if not 0.0 <= self.spawn_threshold <= 1.0:
-            raise ValueError(f"--dllm-spawn-threshold must be in [0, 1], got "
-                             f"{self.spawn_threshold}")
-        tau = self.token_threshold
-        if tau is not None and not 0.0 <= tau <= 1.0:
-            raise ValueError(f"--dllm-spawn-token-threshold must be in [0, 1], got {tau}")
-        if not self.arm_forwards >= 0.0:  # NaN fails too
-            raise ValueError(f"--dllm-gate-arm-forwards must be >= 0 (inf: always), got "
-                             f"{self.arm_forwards}")
 
 
 def readiness(masked: torch.Tensor, confidence: torch.Tensor, tau: float) -> torch.Tensor:

@@ -67,8 +67,10 @@ def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
     try:
         ready = check_worker(worker_in.recv())
         scheduler = build_scheduler(cfg, ready)
-        # no full collection scans the startup's objects
-        startup = {**ready.info.get("startup", {}), "scheduler_gc_frozen": freeze_startup_objects()}
+        # no full collection scans the startup's objects; torch is never imported here (the
+        # scheduler's modules and configs are torch-free: its memory and startup are its own)
+        startup = {**ready.info.get("startup", {}), "scheduler_gc_frozen": freeze_startup_objects(),
+                   "scheduler_torch_loaded": "torch" in sys.modules}
         front_out.send(Ready({**scheduler.server_info(), **ready.info, "startup": startup}))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
         profiled(PROFILE_ENV, event_loop, scheduler, front_in, worker_in, front_out, worker_out)

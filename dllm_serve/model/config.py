@@ -1,8 +1,10 @@
-"""`ModelConfig`: what the engine needs to know of a checkpoint folder, read from its config.json.
+"""`ModelConfig`: what the engine needs to know of a checkpoint folder, read from its config.json;
+`RunnerConfig`: what the worker's model runner (model/runner.py) is built from.
 
 The architecture is `architectures[0]` (never `model_type`). Model files read their own
-hyper-parameters from `hf` (the raw config.json); this class holds only what the scheduler,
-the worker and the front all need.
+hyper-parameters from `hf` (the raw config.json); `ModelConfig` holds only what the scheduler,
+the worker and the front all need. Neither imports torch: the parent resolves both, and the
+processes that never touch the model (the scheduler, the HTTP front) import this module.
 """
 
 from __future__ import annotations
@@ -67,3 +69,28 @@ def _require(hf: dict[str, Any], key: str, where: Path) -> Any:
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What the worker's model runner needs, resolved once in the parent (devices, dtypes and
+    backends already chosen)."""
+
+    model: ModelConfig
+    block_size: int
+    mask_id: int
+    device: str
+    dtype: str
+    attention_backend: str
+    moe_backend: str
+    load_format: str = "auto"
+    random_seed: int = 0
+    page_size: int | None = None
+    context_length: int | None = None
+    max_total_tokens: int | None = None
+    mem_fraction_static: float = 0.85
+    max_running_requests: int = 16
+    admit_ahead: int = 0  # request slots past max_running_requests (admitted, waiting to join)
+    cuda_graphs: bool = False
+    graph_max_blocks: int = 16
+    chunked_prefill_size: int = 4096  # the scheduler's prefill budget (model/buckets.py)

@@ -18,7 +18,6 @@ import importlib.util
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,7 @@ from dllm_serve.layers.fused import set_kernel_backend
 from dllm_serve.layers.moe import set_moe_backend
 from dllm_serve.mem.kv_cache import KVCache, PageWrite
 from dllm_serve.model.buckets import prefill_budget
-from dllm_serve.model.config import ModelConfig
+from dllm_serve.model.config import RunnerConfig
 from dllm_serve.model.denoise_run import DenoiseRun, Hook
 from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.model.loader import load_model, random_model
@@ -46,31 +45,6 @@ logger = logging.getLogger(__name__)
 
 CPU_MAX_KV_TOKENS = 262144
 Forward = Callable[[], torch.Tensor]  # -> logits (N * K, V) fp32, valid until the next call
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """What the worker's model runner needs, resolved once in the parent (devices, dtypes and
-    backends already chosen)."""
-
-    model: ModelConfig
-    block_size: int
-    mask_id: int
-    device: str
-    dtype: str
-    attention_backend: str
-    moe_backend: str
-    load_format: str = "auto"
-    random_seed: int = 0
-    page_size: int | None = None
-    context_length: int | None = None
-    max_total_tokens: int | None = None
-    mem_fraction_static: float = 0.85
-    max_running_requests: int = 16
-    admit_ahead: int = 0  # request slots past max_running_requests (admitted, waiting to join)
-    cuda_graphs: bool = False
-    graph_max_blocks: int = 16
-    chunked_prefill_size: int = 4096  # the scheduler's prefill budget (model/buckets.py)
 
 
 def load_kernels() -> None:
