@@ -21,6 +21,11 @@ GREEDY_TEMPERATURE = 1e-5  # below it: greedy
 FLOAT32_MAX = 3.4028234663852886e38
 DLLM_PREFIX = "dllm_"
 MAX_N = 128
+# Stop strings and regexes are searched in the scheduler at every commit of the request and,
+# when streaming, held back in the front at every block: both loops serve every request, so one
+# request's stops are bounded (OpenAI takes at most 4 stop strings; these are far past any use).
+MAX_STOPS, MAX_STOP_CHARS = 128, 1024  # stop strings, characters in each
+MAX_STOP_REGEXES, MAX_STOP_REGEX_CHARS = 16, 1024  # stop regexes, characters in each
 
 
 @dataclass
@@ -98,8 +103,18 @@ class SamplingParams:
     def _verify_stops(self, vocab_size: int) -> None:
         _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
                "stop must be a non-empty string or a list of non-empty strings")
+        _check(len(self.stop) <= MAX_STOPS and all(len(s) <= MAX_STOP_CHARS for s in self.stop),
+               f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters "
+               f"each, got {len(self.stop)} of up to {max(map(len, self.stop), default=0)}")
         _check(isinstance(self.stop_regex, list)
-               and all(isinstance(s, str) and s and _compiles(s) for s in self.stop_regex),
+               and all(isinstance(s, str) and s for s in self.stop_regex),
+               "stop_regex must be a regular expression or a list of them (Python syntax)")
+        _check(len(self.stop_regex) <= MAX_STOP_REGEXES
+               and all(len(s) <= MAX_STOP_REGEX_CHARS for s in self.stop_regex),
+               f"stop_regex takes at most {MAX_STOP_REGEXES} patterns of at most "
+               f"{MAX_STOP_REGEX_CHARS} characters each, got {len(self.stop_regex)} of up to "
+               f"{max(map(len, self.stop_regex), default=0)}")
+        _check(all(_compiles(s) for s in self.stop_regex),
                "stop_regex must be a regular expression or a list of them (Python syntax)")
         _check(isinstance(self.stop_token_ids, list)
                and all(_is_int(t) and 0 <= t < vocab_size for t in self.stop_token_ids),

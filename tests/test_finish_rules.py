@@ -4,12 +4,13 @@ the output early), stop_regex, and the front's no_stop_trim / skip_special_token
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dllm_serve.managers.detokenizer import IncrementalDetokenizer
 from dllm_serve.managers.finish import FinishChecker
 from dllm_serve.managers.req import Req
 from dllm_serve.sampling_params import SamplingParams
-from dllm_serve.utils.text import partial_stop_len
+from dllm_serve.utils.text import MAX_CANDIDATES, TAIL_CHARS, partial_stop_len
 
 EOS = 98
 
@@ -49,6 +50,43 @@ def test_stop_regex_finishes_at_the_earliest_match() -> None:
     assert r.finish_reason == {"type": "stop", "matched": "bc"}
 
 
+def test_a_request_s_regex_searches_share_one_time_limit_a_commit(monkeypatch) -> None:
+    """STOP_REGEX_TIMEOUT_S bounds all of a request's regex searches at one commit together:
+    of three patterns that each take 30 ms (a fake clock) the first gets 50 ms, the second the
+    20 left, runs out and ends the request with a 400 naming it, and the third is never
+    searched: the scheduler is held 50 ms, not 90 (nor N x 50 ms for N slow patterns)."""
+    import dllm_serve.managers.finish as finish
+
+    clock = [100.0]
+    timeouts: list[tuple[str, float]] = []
+
+    class SlowRegex:
+        @staticmethod
+        def search(pattern: str, text: str, timeout: float) -> None:
+            timeouts.append((pattern, timeout))
+            clock[0] += 0.03
+            if clock[0] > start + finish.STOP_REGEX_TIMEOUT_S:
+                raise TimeoutError
+
+    monkeypatch.setattr(finish, "regex", SlowRegex)
+    monkeypatch.setattr(finish.time, "monotonic", lambda: clock[0])
+    start = clock[0]
+    r = req(max_new_tokens=20, stop_regex=["p1", "p2", "p3"])
+    commit(FinishChecker({EOS}, letters), r, [0, 1, 2])
+    assert [p for p, _ in timeouts] == ["p1", "p2"]
+    assert timeouts[0][1] == pytest.approx(0.05) and timeouts[1][1] == pytest.approx(0.02)
+    assert r.finish_reason["type"] == "abort" and r.finish_reason["status_code"] == 400
+    assert "'p2'" in r.finish_reason["message"]
+
+
+def test_a_runaway_stop_regex_ends_its_request_with_a_400() -> None:
+    """A pattern that backtracks without end is cut at the time limit (the real `regex`)."""
+    r = req(max_new_tokens=40, stop_regex=[r"(a|aa)+$b"])
+    commit(FinishChecker({EOS}, lambda ids: "a" * 64), r, [0] * 8)
+    assert r.finish_reason["type"] == "abort" and r.finish_reason["status_code"] == 400
+    assert "stop_regex searches took longer" in r.finish_reason["message"]
+
+
 def test_detokenizer_trims_or_keeps_the_stop_string() -> None:
     reason = {"type": "stop", "matched": "ccd"}
     trim = IncrementalDetokenizer(letters, [])
@@ -61,13 +99,21 @@ def test_partial_stop_len_is_the_longest_suffix_that_begins_a_stop_string() -> N
     """The stop-string hold-back against trying every length: random texts and stop strings
     over small alphabets (many partial matches, periodic strings such as "abab..."), of every
     length around the tail it looks for (partial_stop_len finds lengths past TAIL_CHARS
-    through that tail)."""
+    through that tail). Exact wherever each stop string has fewer than MAX_CANDIDATES lengths
+    past its exact one that end in the text's tail (the lengths it compares whole); never less
+    than exact and never more than the text."""
     rng = np.random.default_rng(7)
 
-    def every_length(text: str, stops: list[str]) -> int:
-        return max((n for s in stops for n in range(1, min(len(s) - 1, len(text)) + 1)
-                    if text.endswith(s[:n])), default=0)
+    def exact(text: str, stop: str) -> int:
+        return max((n for n in range(1, min(len(stop) - 1, len(text)) + 1)
+                    if text.endswith(stop[:n])), default=0)
 
+    def failing_candidates(text: str, stop: str) -> int:
+        tail = text[-TAIL_CHARS:]
+        return sum(stop[n - len(tail):n] == tail for n in range(
+            max(exact(text, stop) + 1, len(tail)), min(len(stop) - 1, len(text)) + 1))
+
+    bounded = 0
     for case in range(3000):
         alphabet = "ab" if case % 3 == 0 else "abc" if case % 3 == 1 else "abcdefgh"
 
@@ -77,7 +123,25 @@ def test_partial_stop_len_is_the_longest_suffix_that_begins_a_stop_string() -> N
         stops = [word(60) if rng.random() < 0.6 else unit * int(rng.integers(1, 30))
                  for _ in range(int(rng.integers(0, 4)))]
         text = word(50) + (rng.choice(stops)[:int(rng.integers(0, 60))] if stops else "")
-        assert partial_stop_len(text, stops) == every_length(text, stops), (text, stops)
+        got, want = partial_stop_len(text, stops), max((exact(text, s) for s in stops),
+                                                        default=0)
+        if all(failing_candidates(text, s) < MAX_CANDIDATES for s in stops):
+            assert got == want, (text, stops)
+        else:
+            bounded += 1
+            assert want <= got <= len(text), (text, stops)
+    assert 0 < bounded < 300  # both kinds of case were drawn
+
+
+def test_partial_stop_len_is_bounded_on_periodic_stop_strings() -> None:
+    """A text ending in a run of "a" shorter than stop strings of long runs of "a": every length
+    is a candidate and fails until the run's own (4,000 lengths a stop when each was compared
+    whole: 129 ms a block for 100 such stops, on the front's one receive thread). It holds back
+    a bound instead: at least the exact 200 characters, at most the text."""
+    text = "x" * 5000 + "a" * 200
+    stops = ["a" * 4096 + str(i) for i in range(100)]
+    assert 200 <= partial_stop_len(text, stops) <= len(text)
+    assert partial_stop_len("x" * 5000 + "a" * 200, ["a" * 150 + "1"]) == 150
 
 
 def test_from_dict_maps_sglang_spellings() -> None:

@@ -19,7 +19,14 @@ from dllm_serve.request_fields import (
     SAMPLING,
     check_unused,
 )
-from dllm_serve.sampling_params import FLOAT32_MAX, SamplingParams
+from dllm_serve.sampling_params import (
+    FLOAT32_MAX,
+    MAX_STOP_CHARS,
+    MAX_STOP_REGEX_CHARS,
+    MAX_STOP_REGEXES,
+    MAX_STOPS,
+    SamplingParams,
+)
 
 EXTREMES = [1e308, -1e308, 5e-324, 3.5e38, -0.0, math.inf, math.nan, 1e400]
 
@@ -91,6 +98,26 @@ def test_tiny_temperatures_decode_greedily(t: float, greedy: bool) -> None:
 def test_integer_and_regex_settings_are_checked(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams.from_dict({"max_new_tokens": 4, **bad}).verify(vocab_size=100)
+
+
+@pytest.mark.parametrize("key,value,ok", [
+    ("stop", ["s"] * MAX_STOPS, True), ("stop", ["s"] * (MAX_STOPS + 1), False),
+    ("stop", ["x" * MAX_STOP_CHARS], True), ("stop", ["x" * (MAX_STOP_CHARS + 1)], False),
+    ("stop_regex", ["a+"] * MAX_STOP_REGEXES, True),
+    ("stop_regex", ["a+"] * (MAX_STOP_REGEXES + 1), False),
+    ("stop_regex", ["a" * MAX_STOP_REGEX_CHARS], True),
+    ("stop_regex", ["a" * (MAX_STOP_REGEX_CHARS + 1)], False)])
+def test_a_request_s_stop_strings_and_regexes_are_bounded(key: str, value: list[str],
+                                                          ok: bool) -> None:
+    """The scheduler searches them at every commit and the front holds stop strings back at
+    every block, for every request: one request's are bounded (400 past the bounds, naming
+    them)."""
+    params = SamplingParams.from_dict({"max_new_tokens": 4, key: value})
+    if ok:
+        params.verify(vocab_size=100)
+        return
+    with pytest.raises(ValueError, match=f"{key} takes at most"):
+        params.verify(vocab_size=100)
 
 
 def test_one_params_dict_for_a_batch_gives_each_request_its_own_params() -> None:

@@ -9,12 +9,16 @@ finishing token is kept in output_ids (SGLang's convention); the front cuts the 
 matched stop string or regex match (`matched` holds the matched text).
 
 A stop_regex is searched with the `regex` package under a time limit: a pattern that
-backtracks without end (e.g. `(.*.*)*x$`) would otherwise hold the scheduler forever. One that
-runs past STOP_REGEX_TIMEOUT_S ends its request with a 400 that says so; the others go on.
+backtracks without end (e.g. `(.*.*)*x$`) would otherwise hold the scheduler forever. The limit,
+STOP_REGEX_TIMEOUT_S, holds for all of a request's searches at one commit together (its
+patterns, and the prefixes searched once one matched), so no request takes the scheduler longer
+than that a commit, however many patterns it sends; past it the request ends with a 400 that
+says so, and the others go on.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,7 +29,7 @@ from dllm_serve.managers.req import Req
 from dllm_serve.utils.text import GrowingText, find_stop
 
 Decode = Callable[[list[int]], str]
-STOP_REGEX_TIMEOUT_S = 0.05  # per search of one output
+STOP_REGEX_TIMEOUT_S = 0.05  # a request's regex searches at one commit, together
 # stop sets are shared between requests that send the same stop ids (a server sees a few):
 # at most STOP_SETS_KEPT of them are kept (past it the caches start over), and only sets of at
 # most STOP_SET_SHARED_IDS ids, so that clients that send a new set with every request, each up
@@ -75,9 +79,10 @@ class FinishChecker:
             except StopRegexTooSlow as e:
                 req.finish_reason = {
                     "type": "abort", "status_code": 400,
-                    "message": f"stop_regex {e.pattern!r} took longer than "
-                               f"{1e3 * STOP_REGEX_TIMEOUT_S:.0f} ms to search the output "
-                               f"(runaway backtracking): simplify the pattern"}
+                    "message": f"stop_regex searches took longer than "
+                               f"{1e3 * STOP_REGEX_TIMEOUT_S:.0f} ms at one block of the output "
+                               f"(runaway backtracking? the last: {e.pattern!r}): simplify the "
+                               f"patterns"}
             return np.asarray(req.output_ids[start:], dtype=np.int64)
         return added
 
@@ -132,11 +137,12 @@ class FinishChecker:
         else:
             lo = max(0, start - stop_lookback(params.stop))
             text = self.decode(ids[lo:])
-        if _find(text, params.stop, params.stop_regex) is None:
+        deadline = time.monotonic() + STOP_REGEX_TIMEOUT_S  # every regex search of this commit
+        if _find(text, params.stop, params.stop_regex, deadline) is None:
             return
         prefix = GrowingText(self.decode)  # each prefix's text, decoded where it grew
         for n in range(start + 1, len(ids) + 1):
-            hit = _find(prefix.text(ids[lo:n]), params.stop, params.stop_regex)
+            hit = _find(prefix.text(ids[lo:n]), params.stop, params.stop_regex, deadline)
             if hit is not None:
                 del req.output_ids[n:]
                 req.finish_reason = {"type": "stop", "matched": hit[1]}
@@ -152,15 +158,21 @@ def stop_lookback(stops: list[str]) -> int:
     return 2 * max(map(len, stops), default=0) + 16
 
 
-def _find(text: str, stops: list[str], regexes: list[str]) -> tuple[int, str] | None:
-    """The earliest stop string or regex match in text: (index, the matched text)."""
-    hits = [h for h in [find_stop(text, stops), *(_search(text, r) for r in regexes)] if h]
+def _find(text: str, stops: list[str], regexes: list[str],
+          deadline: float) -> tuple[int, str] | None:
+    """The earliest stop string or regex match in text: (index, the matched text); the
+    regexes searched by time.monotonic() `deadline` (StopRegexTooSlow past it)."""
+    hits = [h for h in [find_stop(text, stops), *(_search(text, r, deadline) for r in regexes)]
+            if h]
     return min(hits, default=None, key=lambda h: h[0])
 
 
-def _search(text: str, pattern: str) -> tuple[int, str] | None:
+def _search(text: str, pattern: str, deadline: float) -> tuple[int, str] | None:
+    left = deadline - time.monotonic()
     try:
-        found = regex.search(pattern, text, timeout=STOP_REGEX_TIMEOUT_S)
+        if left <= 0:
+            raise TimeoutError
+        found = regex.search(pattern, text, timeout=left)
     except TimeoutError:
         raise StopRegexTooSlow(pattern) from None
     return None if found is None else (found.start(), found.group(0))

@@ -18,21 +18,29 @@ def find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
 
 # Characters at the end of the text that partial_stop_len looks for in each stop string.
 TAIL_CHARS = 16
+# Candidate lengths partial_stop_len compares whole in one stop string before it settles for a
+# bound (a periodic stop, such as "a" * 1000, makes nearly every length a candidate).
+MAX_CANDIDATES = 32
 
 
 def partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string.
+    """Length of the longest suffix of text that is a proper prefix of a stop string, or
+    more (never more than the text): what streaming holds back, since the next block may
+    complete the stop string; holding back more only delays that text.
 
-    Streaming holds that suffix back: the next block may complete the stop string. A length
-    n >= len(tail) (the text's last TAIL_CHARS characters) needs stop[n - len(tail):n] ==
-    tail, so those lengths are found with `str.rfind` of the tail in the stop, longest first,
-    and only they are compared whole; the few shorter lengths are compared one by one. (Trying
-    every length cost O(len(stop) ** 2) a stop at every block, on the front's thread.)
+    A length n >= len(tail) (the text's last TAIL_CHARS characters) needs stop[n - len(tail):n]
+    == tail, so those lengths are found with `str.rfind` of the tail in the stop, longest
+    first, and only they are compared whole; the few shorter lengths are compared one by one.
+    (Trying every length cost O(len(stop) ** 2) a stop at every block, on the front's thread.)
+    A stop whose MAX_CANDIDATES longest candidates all fail counts as matching just below the
+    last of them (an upper bound of its exact length): the answer is then at least the exact
+    one, and a block's work is bounded whatever the stop strings.
     """
     tail = text[-TAIL_CHARS:]
     longest = 0
     for stop in stops:
         n = min(len(stop) - 1, len(text))
+        tried = 0
         while n >= len(tail) and n > longest:
             at = stop.rfind(tail, 0, n)  # the longest candidate <= n ends where the tail does
             if at < 0:
@@ -43,6 +51,10 @@ def partial_stop_len(text: str, stops: list[str]) -> int:
                 longest = n
                 break
             n -= 1
+            tried += 1
+            if tried == MAX_CANDIDATES:  # the exact length is at most n: hold back n
+                longest = max(longest, n)
+                break
         for short in range(min(n, len(tail) - 1), longest, -1):
             if text.endswith(stop[:short]):
                 longest = short
