@@ -6,9 +6,9 @@
 - sync: nothing retires until every request in the batch can retire its leftmost block; then
   every request retires its leading converged blocks together, and new work joins.
 - wavefront (size W > 1, FlowBlock): a request may also open its next block before its
-  frontier is done, when the frontier is ready (`WavefrontConfig`; the gate's mechanics in
-  wavefront.py); lockstep (a benchmark
-  baseline, sync only) opens blocks only when every request that could is ready, all together.
+  frontier is done, when the frontier is ready (`WavefrontConfig` below; the readiness and the
+  gates' mechanics in wavefront.py); lockstep (a benchmark baseline, sync only) opens blocks
+  only when every request that could is ready, all together.
 A request whose window empties opens its next block if it goes on (no stop token, pages mapped).
 Blocks retire in order only, so a committed block's KV was computed from its final tokens and
 its final left context.
