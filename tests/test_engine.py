@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from http_helpers import whole
@@ -215,6 +216,42 @@ def test_abort_mid_generation_frees_everything(engine: Engine) -> None:
         pass
     assert last.finish_reason["type"] == "abort"
     assert_pools_whole(engine)
+
+
+def test_a_text_that_cannot_fit_the_context_is_refused_before_it_is_tokenized(
+        engine: Engine, monkeypatch) -> None:
+    """`Tokenizer.min_tokens` (visible characters over 4 x the longest token's) bounds a text's
+    tokens from below: past the context the front answers 400 at once, without the seconds a
+    body's worth of text takes to encode; below it the text is encoded as before."""
+    front = engine.front
+    encoded: list[int] = []
+    encode = front.tokenizer.encode
+    monkeypatch.setattr(front.tokenizer, "encode",
+                        lambda text, *a, **k: encoded.append(len(text)) or encode(text, *a, **k))
+    longest = 4 * front.tokenizer.max_token_chars * front.context_length
+    with pytest.raises(RequestError, match="at least .* tokens.* longer than the model's context"):
+        engine.generate("x" * longest + " " * 1000, {"max_new_tokens": 4})
+    with pytest.raises(RequestError, match="longer than the model's context"):
+        engine.generate(["a", "y" * longest], {"max_new_tokens": 4})  # a batch: each checked
+    assert encoded == []
+    with pytest.raises(RequestError, match="longer than the model's context"):  # encoded: its
+        engine.generate("x" * (longest - 1), {"max_new_tokens": 4})  # real count is past it
+    assert encoded == [longest - 1]
+
+
+def test_min_tokens_is_a_lower_bound_of_the_token_count(engine: Engine) -> None:
+    """Texts of many kinds (prose, digits, whitespace runs, symbols, other scripts, special
+    tokens written out) never encode to fewer tokens than `min_tokens` says, and `encode`
+    (a batch of one, so that it lets go of the GIL) gives the ids the single encode gives."""
+    tok = engine.front.tokenizer
+    rng = np.random.default_rng(3)
+    pieces = ["The answer is 42. ", "1234567890" * 3, " " * 40, "\n\n\t", "=" * 64, "日本語の文章",
+              "émigré naïve ", "<|endoftext|>", "<|mask|>", "🙂" * 5, "a" * 300]
+    for _ in range(300):
+        text = "".join(rng.choice(pieces, int(rng.integers(1, 60))))
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.min_tokens(text) <= len(ids)
+        assert ids == tok._tok.encode(text, add_special_tokens=False).ids
 
 
 def test_bad_requests_raise_and_engine_stays_up(engine: Engine) -> None:

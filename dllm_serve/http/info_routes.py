@@ -126,7 +126,8 @@ def _tokenizer(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/tokenize", response_model=TokenizeResponse, **body_errors)
     @app.post("/v1/tokenize", response_model=TokenizeResponse, **body_errors)
     async def tokenize_route(request: Request) -> dict[str, Any]:
-        return tokenize.tokenize(ctx, await read_json(request, limit))
+        body = await read_json(request, limit)
+        return await asyncio.to_thread(tokenize.tokenize, ctx, body)  # off the event loop
 
     detok_errors = Doc(DetokenizeRequest, (400, 404, 503)).route_kwargs()
 

@@ -13,6 +13,7 @@ status. `max_new_tokens: 0` answers at once with an empty output (finish reason 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,7 +40,7 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     batch, prompts = normalize_prompts(req.text, req.input_ids)
     if not prompts:
         raise RequestError("Give at least one prompt.", param="text")
-    ids = [p if isinstance(p, list) else front.tokenize(p) for p in prompts]
+    ids = await asyncio.to_thread(front.tokenize_all, prompts)  # off the event loop
     params = per_prompt_params(_sampling(req.sampling_params), len(ids))
     requests = expand_n(ids, params, _rids(req.rid, len(ids)))
     if req.stream and len(requests) > 1:

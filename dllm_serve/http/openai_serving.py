@@ -10,6 +10,7 @@ first chunk, and a last `choices: []` usage chunk only with stream_options.inclu
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -60,7 +61,7 @@ async def create_completion(ctx: ServerContext, request: Request, body: bytes) -
     ctx.check_model(req.model)
     overrides = unused_and_overrides(req, OPENAI)
     front = ctx.require_front()
-    prompts = [p if isinstance(p, list) else front.tokenize(p) for p in prompt_batch(req.prompt)]
+    prompts = await asyncio.to_thread(front.tokenize_all, prompt_batch(req.prompt))  # off the loop
     default = None if "max_tokens" in req.model_fields_set else COMPLETION_MAX_TOKENS
     return await _serve(ctx, request, req, prompts, (req.max_tokens, default), overrides,
                         chat=False)
@@ -76,8 +77,8 @@ async def create_chat_completion(ctx: ServerContext, request: Request, body: byt
     except (ValueError, JinjaError) as e:
         raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    return await _serve(ctx, request, req, [front.tokenize(text)], (max_tokens, None),
-                        overrides, chat=True)
+    ids = await asyncio.to_thread(front.tokenize, text)  # off the event loop
+    return await _serve(ctx, request, req, [ids], (max_tokens, None), overrides, chat=True)
 
 
 async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,

@@ -107,14 +107,28 @@ class TokenizerManager:
     # ---- requests ---------------------------------------------------------------------------
 
     def tokenize(self, prompt: str) -> list[int]:
+        """The prompt's ids; a 400 without encoding it when it cannot fit the context
+        (`Tokenizer.min_tokens`: a body's worth of text costs seconds of tokenizing). Lets go
+        of the GIL while it encodes: the HTTP front calls it off its event loop."""
+        self._check_length(prompt)
         return self.tokenizer.encode(prompt)
 
     def tokenize_all(self, prompts: list[str] | list[list[int]]) -> list[list[int]]:
         """Each prompt's ids: id lists as they are, texts tokenized together (a batch of texts
-        is split over the tokenizer's threads instead of encoded one by one)."""
+        is split over the tokenizer's threads instead of encoded one by one), each checked
+        first as in `tokenize`."""
         if len(prompts) > 1 and all(isinstance(p, str) for p in prompts):
+            for p in prompts:
+                self._check_length(p)  # type: ignore[arg-type]
             return self.tokenizer.encode_batch(prompts)  # type: ignore[arg-type]
         return [p if isinstance(p, list) else self.tokenize(p) for p in prompts]
+
+    def _check_length(self, prompt: str) -> None:
+        n, ctx = self.tokenizer.min_tokens(prompt), self.context_length
+        if n >= ctx:
+            raise RequestError(f"The input (at least {n} tokens: {len(prompt)} characters) is "
+                               f"longer than the model's context length ({ctx} tokens).",
+                               param="prompt")
 
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (400) for anything the engine cannot serve; a max_new_tokens

@@ -1,0 +1,90 @@
+"""The HTTP front tokenizes off its event loop: a long text (30 MB took 31 s to encode on a
+2-core CPU) keeps other clients' requests, health checks and streams waiting only if the loop
+runs the tokenizer. Each route that tokenizes hands it to a worker thread (`asyncio.to_thread`;
+`Tokenizer.encode` lets go of the GIL while it runs): here a fake front's tokenizer blocks its
+thread for 0.3 s while the loop ticks on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+from dllm_serve.errors import RequestError
+from dllm_serve.http import native, openai_serving
+
+HOLD_S = 0.3
+
+
+class FakeTokenizer:
+    def apply_chat_template(self, messages: list[dict]) -> str:  # type: ignore[type-arg]
+        return "rendered"
+
+
+class FakeFront:
+    """Its tokenizing blocks the calling thread for HOLD_S, then refuses (the test needs
+    nothing after the tokenizing)."""
+
+    def __init__(self) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.threads: list[str] = []
+
+    def _hold(self) -> None:
+        self.threads.append(threading.current_thread().name)
+        time.sleep(HOLD_S)
+        raise RequestError("tokenized")
+
+    def tokenize(self, prompt: str) -> list[int]:
+        self._hold()
+        return []
+
+    def tokenize_all(self, prompts: list) -> list[list[int]]:  # type: ignore[type-arg]
+        self._hold()
+        return []
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.front = FakeFront()
+
+    def require_front(self) -> FakeFront:
+        return self.front
+
+    def check_model(self, model: str | None) -> None:
+        pass
+
+
+ROUTES = {
+    "generate": (native.generate, {"text": "hello", "sampling_params": {"max_new_tokens": 4}}),
+    "completions": (openai_serving.create_completion, {"model": "m", "prompt": "hello"}),
+    "chat": (openai_serving.create_chat_completion,
+             {"model": "m", "messages": [{"role": "user", "content": "hello"}]}),
+}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_route_tokenizes_off_the_event_loop(route: str) -> None:
+    handler, body = ROUTES[route]
+    ctx = FakeContext()
+    ticks: list[float] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        tick = asyncio.create_task(ticker(stop))
+        with pytest.raises(RequestError, match="tokenized"):
+            await handler(ctx, None, json.dumps(body).encode())  # type: ignore[arg-type]
+        stop.set()
+        await tick
+
+    asyncio.run(run())
+    assert ctx.front.threads and ctx.front.threads[0] != threading.main_thread().name
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(ticks) >= 10 and max(gaps) < HOLD_S / 2, (len(ticks), max(gaps))
