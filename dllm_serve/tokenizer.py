@@ -22,6 +22,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 logger = logging.getLogger(__name__)
 
+# Every character str.isspace() holds (Unicode's whitespace, U+3000 the last).
+WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
 # Tokens that end a chat turn: LLaDA2's and the Qwen / SDAR one.
 TURN_END_TOKENS = ("<|role_end|>", "<|im_end|>")
 
@@ -100,9 +102,17 @@ class Tokenizer:
     def min_tokens(self, text: str) -> int:
         """A lower bound on the tokens of `text`, without encoding it: its characters other
         than whitespace (which some pipelines drop) over the longest token's, over 4 more (a
-        normalizer may compose a few characters into one)."""
-        visible = len(text) - sum(map(text.count, " \t\n\r\f\v"))
+        normalizer may compose a few characters into one). Counting the whitespace reads the
+        text once per whitespace character: `fits_at_most` skips it for texts too short to
+        matter."""
+        visible = len(text) - sum(map(text.count, WHITESPACE))
         return visible // (4 * self.max_token_chars)
+
+    def fits_at_most(self, text: str, tokens: int) -> bool:
+        """Whether `text` may encode to at most `tokens` tokens (False: certainly more), read
+        only when its length alone leaves it in doubt."""
+        return len(text) < 4 * self.max_token_chars * (tokens + 1) or \
+            self.min_tokens(text) <= tokens
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """`encode` of each text, the texts spread over the tokenizer's threads."""

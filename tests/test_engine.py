@@ -246,7 +246,7 @@ def test_min_tokens_is_a_lower_bound_of_the_token_count(engine: Engine) -> None:
     tok = engine.front.tokenizer
     rng = np.random.default_rng(3)
     pieces = ["The answer is 42. ", "1234567890" * 3, " " * 40, "\n\n\t", "=" * 64, "日本語の文章",
-              "émigré naïve ", "<|endoftext|>", "<|mask|>", "🙂" * 5, "a" * 300]
+              "émigré naïve ", "<|endoftext|>", "<|mask|>", "🙂" * 5, "a" * 300, "\u3000\u00a0"]
     for _ in range(300):
         text = "".join(rng.choice(pieces, int(rng.integers(1, 60))))
         ids = tok.encode(text, add_special_tokens=False)

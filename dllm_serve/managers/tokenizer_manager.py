@@ -124,11 +124,11 @@ class TokenizerManager:
         return [p if isinstance(p, list) else self.tokenize(p) for p in prompts]
 
     def _check_length(self, prompt: str) -> None:
-        n, ctx = self.tokenizer.min_tokens(prompt), self.context_length
-        if n >= ctx:
-            raise RequestError(f"The input (at least {n} tokens: {len(prompt)} characters) is "
-                               f"longer than the model's context length ({ctx} tokens).",
-                               param="prompt")
+        ctx = self.context_length
+        if not self.tokenizer.fits_at_most(prompt, ctx - 1):
+            raise RequestError(f"The input (at least {self.tokenizer.min_tokens(prompt)} "
+                               f"tokens: {len(prompt)} characters) is longer than the model's "
+                               f"context length ({ctx} tokens).", param="prompt")
 
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (400) for anything the engine cannot serve; a max_new_tokens
