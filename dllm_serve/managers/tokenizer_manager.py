@@ -135,8 +135,12 @@ class TokenizerManager:
         left out becomes its default or `room()`, whichever is smaller. An explicit one that
         does not fit the context is a 400 here; one that does not fit the KV pool, a 400 from
         the scheduler."""
-        if len(input_ids) == 0:
+        n, ctx = len(input_ids), self.context_length
+        if n == 0:
             raise RequestError("Prompt cannot be empty.", param="prompt")
+        if n >= ctx:  # before anything that reads every id (a body's worth is millions)
+            raise RequestError(f"The input ({n} tokens) is longer than the model's context "
+                               f"length ({ctx} tokens).", param="prompt")
         vocab = self.model_config.vocab_size
         bad = [t for t in input_ids if not (0 <= t < vocab)]
         if bad:
@@ -150,10 +154,6 @@ class TokenizerManager:
         except ValueError as e:
             raise RequestError(str(e), param=_param_of(str(e))) from None
         params.normalize()
-        n, ctx = len(input_ids), self.context_length
-        if n >= ctx:
-            raise RequestError(f"The input ({n} tokens) is longer than the model's context "
-                               f"length ({ctx} tokens).", param="prompt")
         if n + params.max_new_tokens > ctx:
             raise RequestError(
                 f"Requested token count exceeds the model's maximum context length of {ctx} "
