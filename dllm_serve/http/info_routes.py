@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dllm_serve.http import health, tokenize
 from dllm_serve.http.body import read_json
+from dllm_serve.http.bridge import tokenized
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import APIError, unavailable
 from dllm_serve.http.openapi import Doc
@@ -127,7 +128,7 @@ def _tokenizer(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/tokenize", response_model=TokenizeResponse, **body_errors)
     async def tokenize_route(request: Request) -> dict[str, Any]:
         body = await read_json(request, limit)
-        return await asyncio.to_thread(tokenize.tokenize, ctx, body)  # off the event loop
+        return await tokenized(tokenize.tokenize, ctx, body)
 
     detok_errors = Doc(DetokenizeRequest, (400, 404, 503)).route_kwargs()
 

@@ -13,7 +13,6 @@ status. `max_new_tokens: 0` answers at once with an empty output (finish reason 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from dllm_serve.engine import expand_n, normalize_prompts, per_prompt_params, result_dict
 from dllm_serve.errors import RequestError
 from dllm_serve.http.body import parse_body
-from dllm_serve.http.bridge import Choice, Generation, until_disconnected
+from dllm_serve.http.bridge import Choice, Generation, tokenized, until_disconnected
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
 from dllm_serve.http.protocol import AbortRequest, GenerateRequest, native_params
@@ -40,7 +39,7 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     batch, prompts = normalize_prompts(req.text, req.input_ids)
     if not prompts:
         raise RequestError("Give at least one prompt.", param="text")
-    ids = await asyncio.to_thread(front.tokenize_all, prompts)  # off the event loop
+    ids = await tokenized(front.tokenize_all, prompts)
     params = per_prompt_params(_sampling(req.sampling_params), len(ids))
     requests = expand_n(ids, params, _rids(req.rid, len(ids)))
     if req.stream and len(requests) > 1:

@@ -10,7 +10,6 @@ first chunk, and a last `choices: []` usage chunk only with stream_options.inclu
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from dllm_serve.errors import RequestError
 from dllm_serve.http.body import parse_body
-from dllm_serve.http.bridge import Choice, Generation, Update, until_disconnected
+from dllm_serve.http.bridge import Choice, Generation, Update, tokenized, until_disconnected
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
 from dllm_serve.http.protocol import (
@@ -61,7 +60,7 @@ async def create_completion(ctx: ServerContext, request: Request, body: bytes) -
     ctx.check_model(req.model)
     overrides = unused_and_overrides(req, OPENAI)
     front = ctx.require_front()
-    prompts = await asyncio.to_thread(front.tokenize_all, prompt_batch(req.prompt))  # off the loop
+    prompts = await tokenized(front.tokenize_all, prompt_batch(req.prompt))
     default = None if "max_tokens" in req.model_fields_set else COMPLETION_MAX_TOKENS
     return await _serve(ctx, request, req, prompts, (req.max_tokens, default), overrides,
                         chat=False)
@@ -77,7 +76,7 @@ async def create_chat_completion(ctx: ServerContext, request: Request, body: byt
     except (ValueError, JinjaError) as e:
         raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    ids = await asyncio.to_thread(front.tokenize, text)  # off the event loop
+    ids = await tokenized(front.tokenize, text)
     return await _serve(ctx, request, req, [ids], (max_tokens, None), overrides, chat=True)
 
 
