@@ -90,8 +90,7 @@ class Tokenizer:
         batch of one: `encode_batch` lets go of the GIL while it runs (`encode` holds it), so a
         long text tokenized in a worker thread does not stop the thread that called it off
         (the HTTP server's event loop: 30 MB of text took 31 s on a 2-core CPU)."""
-        return self._with_bos(self._tok.encode_batch([text], add_special_tokens=False)[0].ids,
-                              add_special_tokens)
+        return self.encode_batch([text], add_special_tokens)[0]
 
     @cached_property
     def max_token_chars(self) -> int:
