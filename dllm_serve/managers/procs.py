@@ -32,17 +32,26 @@ class ProcessSet:
                 return f"the {name} process exited with code {p.exitcode}"
         return None
 
+    def _join(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for p in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values() if p.pid is not None]
 
-    def kill(self, timeout: float = 5.0) -> None:
-        """Terminate every child (SIGTERM, then SIGKILL) and remove the ipc folder."""
+    def kill(self, timeout: float = 5.0, grace: float = 0.0) -> None:
+        """Stop every child and remove the ipc folder: first `grace` s for the children to exit
+        by themselves (the engine's stop sends them Shutdown first: the worker then writes out
+        what it holds, a trace among it), then SIGTERM, then SIGKILL after `timeout` s.
+        SIGTERM alone is not enough: a child turns it into SystemExit, which Python swallows
+        when it lands in a __del__ or a gc callback, and that child then runs on until killed."""
+        self._join(grace)
         for p in self.procs.values():
             if p.exitcode is None:
                 p.terminate()
-        deadline = time.monotonic() + timeout
+        self._join(timeout)
         for p in self.procs.values():
-            p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.kill()
                 p.join(1.0)

@@ -46,6 +46,9 @@ PROFILE_ENV = "DLLM_SERVE_PROFILE_SCHEDULER"  # a cProfile of the event loop (pr
 STRICT_MEM_CHECK = os.environ.get("DLLM_SERVE_STRICT_MEM_CHECK", "0") == "1"
 IDLE_WAIT_MS = 200
 BUSY_WAIT_MS = 20
+# on the engine's Shutdown the scheduler forwards it to the worker and waits at most this long
+# for it to leave (the sockets drop what is unsent at exit otherwise: LINGER 0)
+SHUTDOWN_LINGER_MS = 1000
 # front messages handled per loop iteration: a burst of requests (thousands submitted at once,
 # each tens of microseconds to decode and queue) is taken in turns with the worker's reports,
 # so the device is not left without blocks while the scheduler reads the burst (on an H200
@@ -75,6 +78,7 @@ def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind
         profiled(PROFILE_ENV, event_loop, scheduler, front_in, worker_in, front_out, worker_out)
         worker_out.send(Shutdown())
+        ctx.destroy(linger=SHUTDOWN_LINGER_MS)  # the worker's Shutdown leaves before we exit
     except Exception:
         logger.exception("scheduler failed")
         front_out.send(Fatal(traceback.format_exc()))

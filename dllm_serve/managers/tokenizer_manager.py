@@ -45,6 +45,9 @@ from dllm_serve.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingParams
 from dllm_serve.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+# the engine's stop sends Shutdown and gives the children this long to exit by themselves (the
+# worker writes out what it holds) before it signals them (ProcessSet.kill)
+SHUTDOWN_GRACE_S = 2.0
 
 
 @dataclass
@@ -307,7 +310,7 @@ class TokenizerManager:
             self._send(Shutdown())
         except zmq.ZMQError:
             pass
-        self.procs.kill()
+        self.procs.kill(grace=SHUTDOWN_GRACE_S)  # the children stop on Shutdown; then signals
         self.thread.join(timeout=2.0)
         self.tx.sock.close()
         self.rx.sock.close()
