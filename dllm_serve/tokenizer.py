@@ -126,6 +126,12 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def decode_batch(self, lists: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """`decode` of each list, letting go of the GIL while it decodes (a single `decode`
+        holds it: 3M ids, 0.4 s on a 2-core CPU, stop every other thread)."""
+        return self._tok.decode_batch([[int(i) for i in ids] for ids in lists],
+                                      skip_special_tokens=skip_special_tokens)
+
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render `messages` with tokenizer_config's jinja `chat_template` (HF semantics)."""

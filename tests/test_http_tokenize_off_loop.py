@@ -1,9 +1,9 @@
 """The HTTP front tokenizes off its event loop: a long text (30 MB took 31 s to encode on a
 2-core CPU) keeps other clients' requests, health checks and streams waiting only if the loop
-runs the tokenizer. Each route that tokenizes hands it to the tokenizing threads (`bridge.
-tokenized`, a pool of its own, not the default executor the info routes use; `Tokenizer.encode`
-lets go of the GIL while it runs): here a fake front's tokenizer blocks its thread for 0.3 s
-while the loop ticks on."""
+runs the tokenizer. Each route that tokenizes or detokenizes hands it to the tokenizing threads
+(`bridge.tokenized`, a pool of its own, not the default executor the info routes use;
+`Tokenizer.encode` and `decode_batch` let go of the GIL while they run): here a fake front's
+tokenizer blocks its thread for 0.3 s while the loop ticks on."""
 
 from __future__ import annotations
 
@@ -11,18 +11,31 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
 from dllm_serve.errors import RequestError
-from dllm_serve.http import native, openai_serving
+from dllm_serve.http import native, openai_serving, tokenize
 
 HOLD_S = 0.3
 
 
 class FakeTokenizer:
+    def __init__(self, hold: Callable[[], None]) -> None:
+        self.hold = hold
+
     def apply_chat_template(self, messages: list[dict]) -> str:  # type: ignore[type-arg]
         return "rendered"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.hold()
+        return []
+
+    def decode_batch(self, lists: list[list[int]], skip: bool = True) -> list[str]:
+        self.hold()
+        return []
 
 
 class FakeFront:
@@ -30,7 +43,8 @@ class FakeFront:
     nothing after the tokenizing)."""
 
     def __init__(self) -> None:
-        self.tokenizer = FakeTokenizer()
+        self.tokenizer = FakeTokenizer(self._hold)
+        self.model_config = SimpleNamespace(vocab_size=16)
         self.threads: list[str] = []
 
     def _hold(self) -> None:
@@ -63,6 +77,9 @@ ROUTES = {
     "completions": (openai_serving.create_completion, {"model": "m", "prompt": "hello"}),
     "chat": (openai_serving.create_chat_completion,
              {"model": "m", "messages": [{"role": "user", "content": "hello"}]}),
+    "tokenize": (lambda ctx, _, body: tokenize.tokenize_route(ctx, body), {"prompt": "hello"}),
+    "detokenize": (lambda ctx, _, body: tokenize.detokenize_route(ctx, body),
+                   {"tokens": [1, 2, 3]}),
 }
 
 

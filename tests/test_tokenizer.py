@@ -73,6 +73,13 @@ def test_encode_batch_is_encode_of_each(tok, tiny_model_dir, tmp_path) -> None:
         bos_tok.encode(t, add_special_tokens=False) for t in texts]
 
 
+def test_decode_batch_is_decode_of_each(tok) -> None:
+    lists = [tok.encode(t) for t in ("Ducks 🦆 lay 16 eggs.", "<role>HUMAN</role>hi<|role_end|>",
+                                     "x" * 300, "héllo")] + [[], [tok.mask_token_id]]
+    for skip in (True, False):
+        assert tok.decode_batch(lists, skip) == [tok.decode(ids, skip) for ids in lists]
+
+
 def test_incremental_decode_grows_a_prefix(tok) -> None:
     text = "Ducks 🦆 lay 16 eggs, héllo."
     ids = tok.encode(text)

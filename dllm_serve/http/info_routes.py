@@ -11,7 +11,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dllm_serve.http import health, tokenize
 from dllm_serve.http.body import read_json
-from dllm_serve.http.bridge import tokenized
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import APIError, unavailable
 from dllm_serve.http.openapi import Doc
@@ -126,16 +125,15 @@ def _tokenizer(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.post("/tokenize", response_model=TokenizeResponse, **body_errors)
     @app.post("/v1/tokenize", response_model=TokenizeResponse, **body_errors)
-    async def tokenize_route(request: Request) -> dict[str, Any]:
-        body = await read_json(request, limit)
-        return await tokenized(tokenize.tokenize, ctx, body)
+    async def tokenize_route(request: Request) -> JSONResponse:
+        return await tokenize.tokenize_route(ctx, await read_json(request, limit))
 
     detok_errors = Doc(DetokenizeRequest, (400, 404, 503)).route_kwargs()
 
     @app.post("/detokenize", response_model=DetokenizeResponse, **detok_errors)
     @app.post("/v1/detokenize", response_model=DetokenizeResponse, **detok_errors)
-    async def detokenize_route(request: Request) -> dict[str, Any]:
-        return tokenize.detokenize(ctx, await read_json(request, limit))
+    async def detokenize_route(request: Request) -> JSONResponse:
+        return await tokenize.detokenize_route(ctx, await read_json(request, limit))
 
     @app.get("/tokenizer_info", response_model=TokenizerInfo,
              **Doc(errors=(503,)).route_kwargs())
