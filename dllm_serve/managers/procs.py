@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import multiprocessing as mp
@@ -113,10 +114,13 @@ def freeze_startup_objects() -> int:
     how many. A full collection otherwise scans them all, and serving triggers one whenever
     enough new objects survive (a burst of queued requests): a pause of 70-160 ms of the
     scheduler or the worker on a 2-core CPU (the device idles once the worker's blocks run
-    out). Frozen objects are
-    never collected: call it once, when startup is over."""
+    out). Frozen objects are never collected while serving: call it once, when startup is
+    over. At exit they are handed back (`gc.unfreeze`), so the interpreter's shutdown frees
+    them as usual: left frozen, Triton's native objects among them outlive it, and nanobind
+    then prints ~30 lines of "leaked" warnings at every stop of a process that imported Triton."""
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)  # (registering again is harmless: unfreeze is idempotent)
     return gc.get_freeze_count()
 
 
