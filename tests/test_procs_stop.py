@@ -68,3 +68,22 @@ def test_a_process_that_froze_its_startup_objects_exits_without_leak_warnings() 
     left_frozen = subprocess.run([sys.executable, "-c", "import gc, triton\ngc.freeze()\n"],
                                  capture_output=True, text=True, timeout=120, check=True)
     assert "nanobind: leaked" in left_frozen.stderr  # what the hand-back prevents
+
+
+def ends(how: str) -> None:
+    if how == "raise":
+        raise RuntimeError("the child's own error")
+    if how == "exit":
+        raise SystemExit(3)
+
+
+def test_a_child_leaves_with_its_own_exit_code() -> None:
+    """_child_main ends every child with os._exit: 0 when fn returns, SystemExit's code, 1 when
+    fn fails (its traceback printed first, as multiprocessing would)."""
+    procs = ProcessSet(Addresses.fresh(), spawn({h: (ends, (h,)) for h in ("return", "exit",
+                                                                            "raise")}))
+    for p in procs.procs.values():
+        p.join(60)
+    codes = {name: p.exitcode for name, p in procs.procs.items()}
+    procs.kill()
+    assert codes == {"return": 0, "exit": 3, "raise": 1}
