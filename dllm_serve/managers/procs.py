@@ -1,4 +1,10 @@
-"""Process plumbing: spawn the scheduler and worker, watch the parent, tear everything down."""
+"""Process plumbing: spawn the scheduler and worker, watch the parent, tear everything down.
+
+The engine's stop: the front sends Shutdown (the scheduler forwards it to the worker, which
+writes out what it holds), waits up to a grace period for the children to exit by themselves,
+then SIGTERMs and at last SIGKILLs those still running (`ProcessSet.kill`). A child leaves with
+os._exit once its loop is over (`_child_main`): no interpreter teardown of its frozen startup
+objects."""
 
 from __future__ import annotations
 
