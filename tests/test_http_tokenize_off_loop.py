@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from dllm_serve.errors import RequestError
-from dllm_serve.http import native, openai_serving, tokenize
+from dllm_serve.http import bridge, native, openai_serving, tokenize
 
 HOLD_S = 0.3
 
@@ -106,3 +106,45 @@ def test_a_route_tokenizes_off_the_event_loop(route: str) -> None:
     assert ctx.front.threads and ctx.front.threads[0].startswith("tokenize")
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     assert len(ticks) >= 10 and max(gaps) < HOLD_S / 2, (len(ticks), max(gaps))
+
+
+class GatedFront(FakeFront):
+    """Long prompts block their thread until `release` is set; short ones go through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def tokenize_all(self, prompts: list) -> list[list[int]]:  # type: ignore[type-arg]
+        self.threads.append(threading.current_thread().name)
+        if len(prompts[0]) > 100:
+            assert self.release.wait(30)
+        raise RequestError("tokenized")
+
+
+def test_long_bodies_tokenize_in_threads_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests with a body past LONG_BODY_BYTES take the long-text threads: with every one of
+    them busy (and more long requests queued behind), a short prompt is still tokenized at
+    once."""
+    monkeypatch.setattr(bridge, "LONG_BODY_BYTES", 1000)
+    ctx = FakeContext()
+    front = ctx.front = GatedFront()  # type: ignore[assignment]
+
+    async def one(text: str) -> None:
+        body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 4}}).encode()
+        with pytest.raises(RequestError, match="tokenized"):
+            await native.generate(ctx, None, body)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        long = [asyncio.create_task(one("x" * 2000))
+                for _ in range(bridge.LONG_TOKENIZE_THREADS + 2)]
+        await asyncio.sleep(0.2)  # the long ones hold every long-text thread
+        await asyncio.wait_for(one("short"), timeout=20)  # (a guard: it never waits for them)
+        assert not any(t.done() for t in long)
+        front.release.set()
+        await asyncio.gather(*long)
+
+    asyncio.run(run())
+    short = [n for n in front.threads if not n.startswith("tokenize-long")]
+    assert len(short) == 1 and short[0].startswith("tokenize")
+    assert sum(n.startswith("tokenize-long") for n in front.threads) == len(front.threads) - 1

@@ -28,16 +28,22 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # Tokenizing runs in threads of its own, not the loop's default executor, which the info and
 # health routes use: long texts waiting for a thread never delay /metrics or /health_generate.
+# Requests whose body is past LONG_BODY_BYTES tokenize in a pool of their own: a few long
+# texts (seconds each) never make a short prompt wait for a thread.
 TOKENIZE_THREADS = 4
+LONG_TOKENIZE_THREADS = 2
+LONG_BODY_BYTES = 1 << 20
 _tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+_long_pool = ThreadPoolExecutor(LONG_TOKENIZE_THREADS, thread_name_prefix="tokenize-long")
 
 
-async def tokenized(fn: Callable[..., T], *args: object) -> T:
+async def tokenized(body_bytes: int, fn: Callable[..., T], *args: object) -> T:
     """fn(*args), a tokenizing call (the front's `tokenize`, `tokenize_all`), in the tokenizing
-    threads: the tokenizer lets go of the GIL while it encodes (`Tokenizer.encode`), so the
-    event loop serves other clients meanwhile (30 MB of text took 31 s to encode on a 2-core
-    CPU)."""
-    return await asyncio.get_running_loop().run_in_executor(_tokenize_pool, fn, *args)
+    threads (a request of body_bytes past LONG_BODY_BYTES: the long-text threads): the tokenizer
+    lets go of the GIL while it encodes (`Tokenizer.encode`), so the event loop serves other
+    clients meanwhile (30 MB of text took 31 s to encode on a 2-core CPU)."""
+    pool = _long_pool if body_bytes > LONG_BODY_BYTES else _tokenize_pool
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     batch, prompts = normalize_prompts(req.text, req.input_ids)
     if not prompts:
         raise RequestError("Give at least one prompt.", param="text")
-    ids = await tokenized(front.tokenize_all, prompts)
+    ids = await tokenized(len(body), front.tokenize_all, prompts)
     params = per_prompt_params(_sampling(req.sampling_params), len(ids))
     requests = expand_n(ids, params, _rids(req.rid, len(ids)))
     if req.stream and len(requests) > 1:

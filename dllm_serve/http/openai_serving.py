@@ -35,7 +35,7 @@ from dllm_serve.http.protocol import (
     unused_and_overrides,
 )
 from dllm_serve.http.sse import sse_response
-from dllm_serve.managers.tokenizer_manager import GenOutput
+from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
 from dllm_serve.request_fields import CHAT, OPENAI
 from dllm_serve.sampling_params import SamplingParams
 
@@ -60,7 +60,7 @@ async def create_completion(ctx: ServerContext, request: Request, body: bytes) -
     ctx.check_model(req.model)
     overrides = unused_and_overrides(req, OPENAI)
     front = ctx.require_front()
-    prompts = await tokenized(front.tokenize_all, prompt_batch(req.prompt))
+    prompts = await tokenized(len(body), front.tokenize_all, prompt_batch(req.prompt))
     default = None if "max_tokens" in req.model_fields_set else COMPLETION_MAX_TOKENS
     return await _serve(ctx, request, req, prompts, (req.max_tokens, default), overrides,
                         chat=False)
@@ -71,13 +71,19 @@ async def create_chat_completion(ctx: ServerContext, request: Request, body: byt
     ctx.check_model(req.model)
     overrides = unused_and_overrides(req, CHAT)
     front = ctx.require_front()
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    ids = await tokenized(len(body), _render_and_tokenize, front, message_dicts(req.messages))
+    return await _serve(ctx, request, req, [ids], (max_tokens, None), overrides, chat=True)
+
+
+def _render_and_tokenize(front: TokenizerManager, messages: list[dict[str, Any]]) -> list[int]:
+    """The chat template rendered, then tokenized (both in a tokenizing thread: a long
+    conversation renders for a while too)."""
     try:
-        text = front.tokenizer.apply_chat_template(message_dicts(req.messages))
+        text = front.tokenizer.apply_chat_template(messages)
     except (ValueError, JinjaError) as e:
         raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
-    max_tokens = req.max_completion_tokens or req.max_tokens
-    ids = await tokenized(front.tokenize, text)
-    return await _serve(ctx, request, req, [ids], (max_tokens, None), overrides, chat=True)
+    return front.tokenize(text)
 
 
 async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,

@@ -18,11 +18,11 @@ from dllm_serve.http.protocol import DetokenizeRequest, TokenizeRequest
 
 
 async def tokenize_route(ctx: ServerContext, body: bytes) -> JSONResponse:
-    return await tokenized(_encoded, tokenize, ctx, body)
+    return await tokenized(len(body), _encoded, tokenize, ctx, body)
 
 
 async def detokenize_route(ctx: ServerContext, body: bytes) -> JSONResponse:
-    return await tokenized(_encoded, detokenize, ctx, body)
+    return await tokenized(len(body), _encoded, detokenize, ctx, body)
 
 
 def _encoded(fn: Callable[[ServerContext, bytes], dict[str, Any]], ctx: ServerContext,
