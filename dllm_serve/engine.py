@@ -19,7 +19,7 @@ from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.procs import collector_paused
 from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
-from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.sampling_params import SamplingParams, copy_seed
 from dllm_serve.server_args import ServerArgs
 
 Params = dict[str, Any] | list[dict[str, Any]] | None
@@ -205,7 +205,7 @@ def expand_n(ids: list[list[int]], params: list[SamplingParams], rids: list[str 
         for copy in range(p.n if isinstance(p.n, int) and p.n > 1 else 1):
             one = dataclasses.replace(p, n=1, stop=list(p.stop), dllm=dict(p.dllm))
             if copy and one.seed is not None:
-                one.seed = (one.seed + copy) % 2**63
+                one.seed = copy_seed(one.seed, copy)
             out.append((i, one, r if p.n == 1 or r is None else f"{r}-{copy}"))
     return out
 

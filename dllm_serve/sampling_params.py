@@ -21,6 +21,7 @@ GREEDY_TEMPERATURE = 1e-5  # below it: greedy
 FLOAT32_MAX = 3.4028234663852886e38
 DLLM_PREFIX = "dllm_"
 MAX_N = 128
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as vLLM takes it (-1 is a seed too)
 # Stop strings and regexes are searched in the scheduler at every commit of the request and,
 # when streaming, held back in the front at every block: both loops serve every request, so one
 # request's stops are bounded (OpenAI takes at most 4 stop strings; these are far past any use).
@@ -94,8 +95,8 @@ class SamplingParams:
         for flag in ("ignore_eos", "no_stop_trim", "skip_special_tokens",
                      "spaces_between_special_tokens"):
             _check(isinstance(getattr(self, flag), bool), f"{flag} must be a boolean")
-        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
-               f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        _check(self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
+               f"seed must be a 64-bit signed integer, got {self.seed!r}")
         _check(isinstance(self.dllm, dict), "dllm settings must be an object")
         for name, value in self.dllm.items():
             check_float(DLLM_PREFIX + name, value)
@@ -131,6 +132,12 @@ class SamplingParams:
 
 KNOWN_KEYS = frozenset(f.name for f in fields(SamplingParams)) - {"dllm"}
 NULLABLE = frozenset({"max_new_tokens", "seed"})  # null means "the default" for the others
+
+
+def copy_seed(seed: int, copy: int) -> int:
+    """Copy `copy`'s seed of a request asked with `n` copies: seed + copy, wrapped into the
+    int64 range (copy 0 keeps the seed asked)."""
+    return (seed + copy - SEED_MIN) % 2**64 + SEED_MIN
 
 
 def check_float(name: str, value: object, low: float = -FLOAT32_MAX,

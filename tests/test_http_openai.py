@@ -132,6 +132,18 @@ def test_seeded_sampling(client: openai.OpenAI) -> None:
     assert two.choices[0].text == a.choices[0].text != two.choices[1].text
 
 
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1])
+def test_any_int64_seed_is_a_seed(client: openai.OpenAI, seed: int) -> None:
+    """vLLM takes any int64 as a seed (-1 too): the same seed, the same text; copy i of n
+    uses seed + i wrapped into int64, so the copies past 2**63 - 1 differ too."""
+    args = {"model": "tiny", "prompt": "x", "max_tokens": 20, "temperature": 1.0, "seed": seed,
+            "extra_body": LONG}
+    a, b = client.completions.create(**args), client.completions.create(**args)
+    assert a.choices[0].text == b.choices[0].text
+    two = client.completions.create(n=2, **args)
+    assert two.choices[0].text == a.choices[0].text != two.choices[1].text
+
+
 def test_dllm_override_is_applied_and_checked(client: openai.OpenAI) -> None:
     r = client.completions.create(model="tiny", prompt="x", max_tokens=8,
                                   extra_body={"dllm_threshold": 0.5, **LONG})

@@ -26,6 +26,7 @@ from dllm_serve.sampling_params import (
     MAX_STOP_REGEXES,
     MAX_STOPS,
     SamplingParams,
+    copy_seed,
 )
 
 EXTREMES = [1e308, -1e308, 5e-324, 3.5e38, -0.0, math.inf, math.nan, 1e400]
@@ -130,3 +131,16 @@ def test_one_params_dict_for_a_batch_gives_each_request_its_own_params() -> None
     ps[0].max_new_tokens = 7
     ps[1].stop.append("y")
     assert ps[2].max_new_tokens is None and ps[2].stop == ["x"] and ps[2].temperature == 0.5
+
+
+def test_copies_seeds_wrap_in_int64() -> None:
+    """Copy i of n gets seed + i wrapped into int64; every int64 verifies, nothing past it."""
+    params = per_prompt_params({"n": 3, "seed": 2**63 - 2}, 1)
+    seeds = [p.seed for _, p, _ in expand_n([[1]], params, [None])]
+    assert seeds == [2**63 - 2, 2**63 - 1, -(2**63)]
+    assert copy_seed(-1, 0) == -1 and copy_seed(-1, 1) == 0
+    for ok in (-(2**63), -1, 0, 2**63 - 1):
+        SamplingParams.from_dict({"seed": ok}).verify(vocab_size=100)
+    for bad in (-(2**63) - 1, 2**63):
+        with pytest.raises(ValueError, match="seed must be a 64-bit signed integer"):
+            SamplingParams.from_dict({"seed": bad}).verify(vocab_size=100)

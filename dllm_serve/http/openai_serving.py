@@ -37,7 +37,7 @@ from dllm_serve.http.protocol import (
 from dllm_serve.http.sse import sse_response
 from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
 from dllm_serve.request_fields import CHAT, OPENAI
-from dllm_serve.sampling_params import SamplingParams
+from dllm_serve.sampling_params import SamplingParams, copy_seed
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _params(req: SamplingFields, max_new_tokens: int, overrides: dict[str, Any],
         "stop_token_ids": req.stop_token_ids or [], "ignore_eos": req.ignore_eos,
         "no_stop_trim": req.no_stop_trim, "skip_special_tokens": req.skip_special_tokens,
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
-        "seed": None if req.seed is None else (req.seed + copy) % 2**63,
+        "seed": None if req.seed is None else copy_seed(req.seed, copy),
     }
     try:
         return SamplingParams.from_dict({**fields, **overrides})

@@ -25,7 +25,7 @@ from dllm_serve.request_fields import (
     check_unused,
 )
 from dllm_serve.request_fields import fields_of as table_fields
-from dllm_serve.sampling_params import DLLM_PREFIX, FLOAT32_MAX, MAX_N
+from dllm_serve.sampling_params import DLLM_PREFIX, FLOAT32_MAX, MAX_N, SEED_MAX, SEED_MIN
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens of /v1/completions
 DLLM_DOC = ("dllm_<setting>: a per-request setting of the running decoding algorithm "
@@ -41,7 +41,7 @@ Temperature = _float(0.0)  # < 1e-5: greedy
 TopP = _float(0.0, 1.0, above=True)
 MinP = _float(0.0, 1.0)
 TopK = Annotated[int, Field(ge=-1)]  # -1: off; 0 is refused
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]  # any int64, as vLLM
 Count = Annotated[int, Field(ge=0)]
 Rid = Annotated[str, Field(min_length=1)]  # "" would be replaced by a random id, unabortable
 Stops = str | list[str] | None
