@@ -139,7 +139,12 @@ def test_tokenizer_routes(server: Server, tok: Tokenizer) -> None:
         text = ok(server.post(f"{prefix}/detokenize", {"tokens": ids}))
         assert text == {"text": "Hello world", "prompt": "Hello world"}
     assert ok(server.post("/detokenize", {"tokens": [ids, ids]}))["text"] == ["Hello world"] * 2
-    assert server.post("/detokenize", {"tokens": [10**6]}).status_code == 400
+    for bad, tokens in ((10**6, [10**6]), (-1, [ids, [1, -1]])):
+        r = server.post("/detokenize", {"tokens": tokens})
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert f"Token id {bad} is out of vocabulary" in error["message"]
+        assert error["param"] == "tokens"
     info = ok(server.get("/tokenizer_info"))
     assert info["eos_token"] == tok.eos_token and info["chat_template"] == tok.chat_template
 

@@ -12,7 +12,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import pytest
 
@@ -44,8 +43,10 @@ class FakeFront:
 
     def __init__(self) -> None:
         self.tokenizer = FakeTokenizer(self._hold)
-        self.model_config = SimpleNamespace(vocab_size=16)
         self.threads: list[str] = []
+
+    def check_ids(self, ids: list[int], param: str) -> None:
+        pass
 
     def _hold(self) -> None:
         self.threads.append(threading.current_thread().name)

@@ -10,7 +10,6 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from dllm_serve.errors import RequestError
 from dllm_serve.http.body import parse_body
 from dllm_serve.http.bridge import tokenized
 from dllm_serve.http.context import ServerContext
@@ -50,12 +49,8 @@ def detokenize(ctx: ServerContext, body: bytes) -> dict[str, Any]:
     front = ctx.require_front()
     batch = bool(req.tokens) and isinstance(req.tokens[0], list)
     lists: list[list[int]] = req.tokens if batch else [req.tokens]  # type: ignore[assignment]
-    vocab = front.model_config.vocab_size
     for ids in lists:
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).",
-                               param="tokens")
+        front.check_ids(ids, "tokens")
     texts = front.tokenizer.decode_batch(lists, req.skip_special_tokens)
     text: str | list[str] = texts if batch else texts[0]
     return {"text": text, "prompt": text}

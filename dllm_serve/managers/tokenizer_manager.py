@@ -133,6 +133,14 @@ class TokenizerManager:
                                f"tokens: {len(prompt)} characters) is longer than the model's "
                                f"context length ({ctx} tokens).", param="prompt")
 
+    def check_ids(self, ids: list[int], param: str) -> None:
+        """RequestError (400, naming `param`) for the first id outside the vocabulary."""
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"Token id {bad} is out of vocabulary (vocab size {vocab}).",
+                               param=param)
+
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (400) for anything the engine cannot serve; a max_new_tokens
         left out becomes its default or `room()`, whichever is smaller. An explicit one that
@@ -144,11 +152,8 @@ class TokenizerManager:
         if n >= ctx:  # before anything that reads every id (a body's worth is millions)
             raise RequestError(f"The input ({n} tokens) is longer than the model's context "
                                f"length ({ctx} tokens).", param="prompt")
+        self.check_ids(input_ids, "prompt")
         vocab = self.model_config.vocab_size
-        bad = [t for t in input_ids if not (0 <= t < vocab)]
-        if bad:
-            raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).",
-                               param="prompt")
         if params.max_new_tokens is None:  # left out: never more than fits (as SGLang)
             params.max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, self.room(len(input_ids)))
         try:
