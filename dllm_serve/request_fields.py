@@ -6,9 +6,10 @@ sglang-router send these fields, usually at their "off" values. Each is accepted
 differently, e.g. `stream_interval`, since a dLLM streams one chunk per committed block); any
 other value is a 400 that names the field. The fields the engine honours are not here: they are
 typed fields of `SamplingParams` and of the HTTP request models (temperature, top_p, top_k,
-min_p, n, stop, stop_regex, stop_token_ids, ignore_eos, seed, max_new_tokens / max_tokens,
-min_new_tokens / min_tokens, skip_special_tokens, spaces_between_special_tokens, no_stop_trim,
-dllm_*). Every route, and the offline `Engine`, checks its fields against this one table.
+min_p, n, stop, stop_regex, stop_token_ids, ignore_eos, seed (native: also by SGLang's name
+sampling_seed), max_new_tokens / max_tokens, min_new_tokens / min_tokens, skip_special_tokens,
+spaces_between_special_tokens, no_stop_trim, dllm_*). Every route, and the offline `Engine`,
+checks its fields against this one table.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ FIELDS: Final[dict[str, Unused]] = {
     "structural_tag": _f(EMPTY, SAMPLING),
     "beam_width": _f((None, 1), SAMPLING),
     "stream_interval": _f(ANY, SAMPLING, why=_STREAM),
-    "sampling_seed": _f(NULL, SAMPLING),
     "watermark": _f(NULL, SAMPLING, GENERATE, OPENAI),
     "custom_params": _f(ANY, SAMPLING, OPENAI, why="no custom logit processors"),
     "custom_logit_processor": _f(NULL, GENERATE, OPENAI),

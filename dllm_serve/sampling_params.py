@@ -22,6 +22,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 DLLM_PREFIX = "dllm_"
 MAX_N = 128
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as vLLM takes it (-1 is a seed too)
+SEED_ALIAS = "sampling_seed"  # SGLang's native name for `seed`
 # Stop strings and regexes are searched in the scheduler at every commit of the request and,
 # when streaming, held back in the front at every block: both loops serve every request, so one
 # request's stops are bounded (OpenAI takes at most 4 stop strings; these are far past any use).
@@ -57,6 +58,7 @@ class SamplingParams:
         that dllm-serve does not use are accepted at their off values (request_fields.py);
         anything else raises ValueError."""
         d = {k: v for k, v in (d or {}).items()}
+        _take_seed_alias(d)
         dllm = {k[len(DLLM_PREFIX):]: d.pop(k) for k in list(d) if k.startswith(DLLM_PREFIX)}
         rest = check_unused(d, SAMPLING)
         unknown = sorted(set(rest) - KNOWN_KEYS)
@@ -132,6 +134,17 @@ class SamplingParams:
 
 KNOWN_KEYS = frozenset(f.name for f in fields(SamplingParams)) - {"dllm"}
 NULLABLE = frozenset({"max_new_tokens", "seed"})  # null means "the default" for the others
+
+
+def _take_seed_alias(d: dict[str, Any]) -> None:
+    """SGLang's native sampling_params name the seed `sampling_seed`: it becomes `seed` (both
+    given with different values is a ValueError)."""
+    alias = d.pop(SEED_ALIAS, None)
+    if alias is None:
+        return
+    if d.get("seed") is not None and d["seed"] != alias:
+        raise ValueError(f"seed ({d['seed']!r}) and {SEED_ALIAS} ({alias!r}) differ: give one")
+    d["seed"] = alias
 
 
 def copy_seed(seed: int, copy: int) -> int:

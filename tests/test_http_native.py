@@ -30,6 +30,23 @@ def test_generate_single_batch_and_ids(server: Server) -> None:
     assert ids[0]["meta_info"]["prompt_tokens"] == 3
 
 
+def test_sampling_seed_is_sglangs_name_for_seed(server: Server) -> None:
+    """SGLang's native clients seed with sampling_params.sampling_seed: the same text as seed;
+    both at different values, or one out of int64, is a 400 naming it."""
+    def text(**seed: int) -> str:
+        r = server.post("/generate", {"text": "x", "sampling_params": {
+            "max_new_tokens": 20, "temperature": 1.0, "ignore_eos": True, **seed}})
+        assert r.status_code == 200, r.text
+        return r.json()["text"]
+
+    assert text(sampling_seed=7) == text(seed=7) == text(seed=7, sampling_seed=7)
+    assert text(sampling_seed=-1) == text(seed=-1) != text(seed=7)
+    for bad in ({"seed": 7, "sampling_seed": 8}, {"sampling_seed": 2**63}):
+        r = server.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4,
+                                                                       **bad}})
+        assert r.status_code == 400 and "sampling_seed" in r.text, r.text
+
+
 def test_generate_stream_is_cumulative_and_matches(server: Server) -> None:
     body = {"text": "stream me", "sampling_params": {"max_new_tokens": 70, "ignore_eos": True}}
     full = server.post("/generate", body).json()

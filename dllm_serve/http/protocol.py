@@ -129,6 +129,7 @@ class _NativeSampling(WithOverrides):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     seed: Seed | None = None
+    sampling_seed: Seed | None = None  # SGLang's name for seed (SamplingParams.from_dict)
 
 
 def _with_table(name: str, base: type[BaseModel], scope: str) -> Any:
