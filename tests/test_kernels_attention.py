@@ -66,8 +66,10 @@ def forward_batch(kv: KVCache, segs: list[Seg], block: int, attn: AttentionBacke
 
 
 def run_both(shape: Shape, segs: list[Seg], dtype: torch.dtype, splits: int | None,
-             seed: int = 0, combine_rows: int | None = None
+             seed: int = 0, combine_rows: int | None = None, poison: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Triton output, reference). poison: the split-K workspace starts as NaN, so a partial
+    output the merge reads without its split having written it shows."""
     gen = torch.Generator().manual_seed(seed)
     kv = scattered_cache(shape, segs, dtype, gen)
     t = sum(n for _, n in segs)
@@ -82,6 +84,8 @@ def run_both(shape: Shape, segs: list[Seg], dtype: torch.dtype, splits: int | No
     fb = forward_batch(kv, segs, shape.block, fast_attn)
     if combine_rows is not None:
         fb.attn_meta = replace(fb.attn_meta, combine_rows=combine_rows)
+    if poison and fb.attn_meta.ws_out is not None:
+        fb.attn_meta.ws_out.fill_(float("nan"))
     return fast_attn.forward(0, q, k, v, fb), ref
 
 
@@ -125,6 +129,21 @@ def test_split_k_over_a_prefill_tile(splits: int) -> None:
     """A prefill tile spanning many blocks, split: most splits start past the keys its first
     rows see, so their unmasked steps must be none (not a negative count that re-reads keys)."""
     assert_close(*run_both(SMALL, [(0, 128), (40, 8)], torch.float32, splits), torch.float32)
+
+
+@pytest.mark.parametrize("min_keys", [1, 64])
+def test_splits_past_a_short_prefix_write_nothing(min_keys: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each split takes at least MIN_SPLIT_KEYS keys (whole steps), so over a short prefix the
+    last splits get none: they store no partial output (the workspace stays NaN) and the merge
+    reads none of theirs. min_keys 1: every split one step of keys."""
+    import dllm_serve.kernels.block_attention as ba
+
+    monkeypatch.setattr(ba, "MIN_SPLIT_KEYS", min_keys)
+    shape = Shape(8, 2, 16, 32, 64)
+    segs = [(160, 32), (0, 32), (64, 32)]  # 192 keys at most: 3 of 8 splits at 64 keys
+    out, ref = run_both(shape, segs, torch.float32, splits=8, poison=True)
+    assert_close(out, ref, torch.float32)
 
 
 @pytest.mark.parametrize("combine_rows", [1, 2, 64])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_serve.kernels.fused_moe import down_proj, fused_experts, triton_moe
-from dllm_serve.kernels.moe_align import align_by_expert, choose_block_m
+from dllm_serve.kernels.fused_moe import down_proj, expert_blocks, fused_experts, triton_moe
+from dllm_serve.kernels.moe_align import DIRECT_MAX_TOKENS, align_by_expert, choose_block_m
 from dllm_serve.kernels.moe_launch import MOE_LAUNCHES, MoeLaunch, choose_moe_launches
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_sum import sum_choices
@@ -223,6 +223,40 @@ def test_fused_shared_expert_equals_its_own_mlp(tokens: int, experts: int, block
     ref = add_in_order(moe_reference(x, w13, w2, ids, weights), (swiglu(x, *shared), *addends))
     assert out.shape == (tokens, 64)
     assert rel_err(out, ref) < tolerance(torch.float32)
+
+
+def test_small_batches_skip_the_sort() -> None:
+    """Up to DIRECT_MAX_TOKENS tokens (one 32-token block) the experts take the direct layout
+    (no sort kernel runs); one token more, or a block_m asked for, sorts."""
+    ids = torch.zeros(DIRECT_MAX_TOKENS + 1, 2, dtype=torch.int64, device=DEVICE)
+    direct = expert_blocks(ids[:DIRECT_MAX_TOKENS], 8)
+    assert direct.direct_top_k == 2 and direct.max_blocks == 8
+    assert direct.block_m >= DIRECT_MAX_TOKENS
+    assert expert_blocks(ids, 8).direct_top_k == 0
+    assert expert_blocks(ids[:4], 8, block_m=16).direct_top_k == 0
+
+
+# (tokens, experts, top_k): one token; top-3 (a padded choice axis); every expert of 16 chosen
+# by some of 32 tokens at top-8 (LLaDA2.0-mini's block and top-k); 6 experts (the torch sort's
+# experts count)
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (17, 8, 3), (32, 16, 8),
+                                                  (30, 6, 2)])
+@pytest.mark.parametrize("with_shared", [False, True])
+def test_direct_layout_equals_the_sorted_blocks(tokens: int, experts: int, top_k: int,
+                                                with_shared: bool) -> None:
+    """The direct layout (each expert's rows found in topk_ids by the GEMM programs) gives the
+    sorted blocks' output: the reference's within rounding, the shared expert and the addend
+    added as the sorted path adds them; experts no token chose write nothing."""
+    x, w13, w2, ids, weights = experts_case(tokens, experts, 64, 32, top_k=top_k)
+    shared, res = shared_case(tokens, 64, 32)
+    kw = dict(shared=shared, addends=(res,)) if with_shared else {}
+    direct = fused_experts(x, w13, w2, ids, weights, **kw)
+    by_sort = fused_experts(x, w13, w2, ids, weights, block_m=16, **kw)
+    ref = moe_reference(x, w13, w2, ids, weights)
+    if with_shared:
+        ref = add_in_order(ref, (swiglu(x, *shared), res))
+    assert rel_err(direct, ref) < tolerance(torch.float32)
+    torch.testing.assert_close(direct, by_sort, rtol=1e-5, atol=1e-5)
 
 
 def test_tokens_past_int32_offsets_run_in_parts(monkeypatch: pytest.MonkeyPatch) -> None:

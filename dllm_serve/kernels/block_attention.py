@@ -56,6 +56,13 @@ TILE_FIELDS = 5  # Tiles rows: (segment, first token in segment, seg_start, seg_
 # x 16 heads), each merging 32 splits of 64 x 128 fp32 alone: 190 us per layer on an H200.
 COMBINE_MAX_ROWS = 64
 COMBINE_PROGRAMS_PER_SM = 4
+# Keys per split at least (rounded up to whole steps). The split count is fixed per CUDA-graph
+# bucket, before any prefix length is known; a short prefix then spreads over fewer splits and
+# the rest exit at once, writing only a -inf log-sum-exp that the merge skips. At B = 1 on an
+# H200 (benchmarks/attention_tune.py, results/h200/gpupath/attention_tune_splits_e585189.json)
+# a split of ~64 keys was the fastest at prefix ~1k (16 splits: 9.4 us a layer with the merge,
+# 32 splits of ~30 keys: 10.6 us) and 32 splits of ~115 keys at ~4k (13.1 us, 16: 14.0).
+MIN_SPLIT_KEYS = 64
 
 
 @dataclass(frozen=True)
@@ -194,7 +201,8 @@ def block_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v_cache.stride(0), v_cache.stride(1), out.stride(0), req_to_page.stride(0), t,
         NUM_HEADS=h, G=h // kvh, TQ=plan.tokens_per_tile, HEAD_DIM=d, PAGE=page_size,
         BLOCK=plan.block_size, NUM_SPLITS=plan.num_splits, BLOCK_M=plan.block_m,
-        BLOCK_N=launch.block_n, BLOCK_D=next_pow2(max(d, 16)), DOT_F32=interpreted(),
+        BLOCK_N=launch.block_n, BLOCK_D=next_pow2(max(d, 16)), MIN_KEYS=MIN_SPLIT_KEYS,
+        DOT_F32=interpreted(),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if split:
         rows = plan.combine_rows
@@ -316,7 +324,7 @@ def _attention_kernel(Q, K, V, Out, WsOut, WsLse, PageTable, SegReq, Tiles, scal
                       G: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
                       PAGE: tl.constexpr, BLOCK: tl.constexpr, NUM_SPLITS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      DOT_F32: tl.constexpr):
+                      MIN_KEYS: tl.constexpr, DOT_F32: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -326,7 +334,7 @@ def _attention_kernel(Q, K, V, Out, WsOut, WsLse, PageTable, SegReq, Tiles, scal
     row_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
     q = tl.load(Q + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
-    chunk = tl.cdiv(tl.cdiv(kv_hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.maximum(tl.cdiv(kv_hi, NUM_SPLITS), MIN_KEYS), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_hi)
     seen_by_all = tl.min(tl.where(valid, limit, kv_hi), 0)
@@ -340,7 +348,9 @@ def _attention_kernel(Q, K, V, Out, WsOut, WsLse, PageTable, SegReq, Tiles, scal
                  out.to(Out.dtype.element_ty), mask=row_mask)
     else:
         row = (split * num_tokens + t) * NUM_HEADS + head  # (BLOCK_M,) workspace row
-        tl.store(WsOut + row[:, None] * HEAD_DIM + d[None, :], out, mask=row_mask)
+        wrote = valid & (tl.zeros([BLOCK_M], tl.int32) + lo < kv_hi)  # past the keys: no out
+        tl.store(WsOut + row[:, None] * HEAD_DIM + d[None, :], out,
+                 mask=wrote[:, None] & (d[None, :] < HEAD_DIM))
         lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l_sum, 1.0)), float("-inf"))
         tl.store(WsLse + row, lse, mask=valid)
 
@@ -349,7 +359,8 @@ def _attention_kernel(Q, K, V, Out, WsOut, WsLse, PageTable, SegReq, Tiles, scal
 def _combine_kernel(WsOut, WsLse, Out, stride_ot, num_rows, NUM_HEADS: tl.constexpr,
                     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_D: tl.constexpr):
-    """Merge the splits' partial outputs of BLOCK_R (token, head) rows."""
+    """Merge the splits' partial outputs of BLOCK_R (token, head) rows. A split whose lse is
+    -inf saw no keys and wrote no output: its rows are not read."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) = t * H + h
     rmask = r < num_rows
     d = tl.arange(0, BLOCK_D)
@@ -362,9 +373,10 @@ def _combine_kernel(WsOut, WsLse, Out, stride_ot, num_rows, NUM_HEADS: tl.conste
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     den = tl.zeros([BLOCK_R], tl.float32)
     for s in tl.static_range(NUM_SPLITS):
-        w = tl.exp2(tl.load(WsLse + s * num_rows + r, mask=rmask, other=float("-inf")) - top)
-        o = tl.load(WsOut + (s * num_rows + r)[:, None] * HEAD_DIM + d[None, :], mask=mask,
-                    other=0.0)
+        lse = tl.load(WsLse + s * num_rows + r, mask=rmask, other=float("-inf"))
+        w = tl.exp2(lse - top)
+        o = tl.load(WsOut + (s * num_rows + r)[:, None] * HEAD_DIM + d[None, :],
+                    mask=mask & (lse > float("-inf"))[:, None], other=0.0)
         acc += w[:, None] * o
         den += w
     out = acc / tl.where(den > 0.0, den, 1.0)[:, None]

@@ -3,7 +3,9 @@
 1. `fused_route` sums the router's partial logits and picks experts and weights
    (kernels/moe_route.py);
 2. `sort_by_expert` sorts the T*K assignments by expert into padded blocks (moe_sort.py; its
-   oracle `align_by_expert`, moe_align.py, serves expert counts that are not powers of two);
+   oracle `align_by_expert`, moe_align.py, serves expert counts that are not powers of two),
+   or, for at most DIRECT_MAX_TOKENS tokens, nothing runs: `direct_blocks` gives each expert
+   one block over every token, and each GEMM program finds its expert's rows in topk_ids;
 3. `_up_kernel`: per (block, N tile) h = silu(x @ gate^T) * (x @ up^T) for the block's
    assignments, x rows gathered by token, SiLU-and-mul in the epilogue -> h (A, I), (A + T, I)
    with a shared expert;
@@ -38,14 +40,20 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from dllm_serve.kernels.moe_align import ExpertBlocks, align_by_expert, choose_block_m
+from dllm_serve.kernels import moe_align
+from dllm_serve.kernels.moe_align import (
+    ExpertBlocks,
+    align_by_expert,
+    choose_block_m,
+    direct_blocks,
+)
 from dllm_serve.kernels.moe_launch import DEFAULT_LAUNCH, MoeLaunch, choose_moe_launches
 from dllm_serve.kernels.moe_route import fused_route
 from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.moe_sum import sum_choices
-from dllm_serve.kernels.runtime import check_device, interpreted
+from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
     FUSES_NORM,
@@ -143,7 +151,10 @@ def check_shared(shared: SharedExpert, w13: torch.Tensor, w2: torch.Tensor) -> N
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int | None = None
                   ) -> ExpertBlocks:
     """topk_ids (T, K) -> the assignments sorted by expert into blocks of `block_m` rows
-    (default: choose_block_m's)."""
+    (default: choose_block_m's), or with no block_m asked and at most DIRECT_MAX_TOKENS
+    tokens the direct layout (no sort; each row's ids distinct, as a top-k's are)."""
+    if block_m is None and topk_ids.shape[0] <= moe_align.DIRECT_MAX_TOKENS:
+        return direct_blocks(topk_ids, num_experts)
     align = sort_by_expert if sort_supports(num_experts) else align_by_expert
     return align(topk_ids, num_experts, block_m or choose_block_m(topk_ids.numel(), num_experts))
 
@@ -220,20 +231,22 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
 
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
     return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-                BLOCK_MAJOR=launch.block_major, DOT_F32=interpreted(),
+                BLOCK_MAJOR=launch.block_major, DIRECT_K=blocks.direct_top_k,
+                DIRECT_KP=next_pow2(max(blocks.direct_top_k, 1)), DOT_F32=interpreted(),
                 num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 @triton.jit
 def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows,
                 num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_MAJOR: tl.constexpr):
+                BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr):
     """This program's tile: (its block's expert, -1 when unused; whether it is a block of the
     shared expert (those follow the max_blocks routed ones); rows of h / y; row validity;
     output columns (BLOCK_N,) of n_cols). The shared expert's rows are num_rows + t for its
     num_shared tokens t. BLOCK_MAJOR: program ids run a block's N tiles consecutively, then
     the next block's; else one N tile's blocks, then the next N tile's. Either way the blocks
-    of one expert run side by side and share its weight tiles through L2."""
+    of one expert run side by side and share its weight tiles through L2. DIRECT_K > 0: the
+    direct layout (ExpertBlocks), routed block e is expert e's (`_direct_rows`)."""
     if BLOCK_MAJOR:
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
         block = tl.program_id(0) // n_tiles
@@ -243,14 +256,35 @@ def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_r
         n_tile = tl.program_id(0) // all_blocks
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     shared = block >= max_blocks
-    routed = tl.minimum(block, max_blocks - 1)  # in bounds either way
-    expert = tl.load(BlockExpert + routed)
-    expert = tl.where(shared, 0, tl.where(block * BLOCK_M < tl.load(NumSlots), expert, -1))
     m = tl.arange(0, BLOCK_M)
+    if DIRECT_K > 0:
+        expert, routed_rows = _direct_rows(SortedRows, block, num_rows, DIRECT_K, DIRECT_KP,
+                                           BLOCK_M)
+    else:
+        routed = tl.minimum(block, max_blocks - 1)  # in bounds either way
+        expert = tl.load(BlockExpert + routed)
+        expert = tl.where(block * BLOCK_M < tl.load(NumSlots), expert, -1)
+        routed_rows = tl.load(SortedRows + routed * BLOCK_M + m)
+    expert = tl.where(shared, 0, expert)
     rows = tl.where(shared, num_rows + (block - max_blocks) * BLOCK_M + m,
-                    tl.load(SortedRows + routed * BLOCK_M + m))  # (BLOCK_M,)
+                    routed_rows)  # (BLOCK_M,)
     valid = tl.where(shared, rows < num_rows + num_shared, rows < num_rows)
     return expert, shared, rows, valid, n
+
+
+@triton.jit
+def _direct_rows(Ids, expert, num_rows, K: tl.constexpr, KP: tl.constexpr,
+                 BLOCK_M: tl.constexpr):
+    """The direct layout's block of `expert`: (the expert, -1 when no token chose it; rows
+    (BLOCK_M,): row m = token m's assignment m * K + j where ids[m, j] == expert, num_rows
+    (padding) where token m did not choose it or is past the tokens)."""
+    m = tl.arange(0, BLOCK_M)
+    j = tl.arange(0, KP)
+    at = m[:, None] * K + j[None, :]  # (BLOCK_M, KP)
+    ids = tl.load(Ids + at, mask=(at < num_rows) & (j[None, :] < K), other=-1)
+    pick = tl.max(tl.where(ids == expert, j[None, :], -1), 1)  # (BLOCK_M,) the choice, or -1
+    rows = tl.where(pick >= 0, m * K + pick, num_rows)
+    return tl.where(tl.max(pick, 0) >= 0, expert, -1), rows
 
 
 @triton.jit
@@ -267,12 +301,14 @@ def _expert_weight(W, WShared, expert, shared, stride_we):
 def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_MAJOR: tl.constexpr, DOT_F32: tl.constexpr):
+               BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
+               DOT_F32: tl.constexpr):
     """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]); the
     shared expert's rows num_rows + t: the same of token t through WShared."""
     expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
                                                  max_blocks, all_blocks, num_rows, num_tokens,
-                                                 inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR)
+                                                 inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
     if expert >= 0:
         n_ok = n < inter
         tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
@@ -299,12 +335,13 @@ def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we,
 def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                  all_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+                 DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
     """y[a, n] = h[a] . w2[e, n] (WShared for the shared expert's rows), accumulated in fp32,
     stored in Y's dtype."""
     expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
                                                  max_blocks, all_blocks, num_rows, num_shared,
-                                                 hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR)
+                                                 hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
     if expert >= 0:
         n_ok = n < hidden
         w = _expert_weight(W2, WShared, expert, shared, stride_we)

@@ -5,6 +5,14 @@ Each expert's assignments are laid out contiguously and padded to a multiple of 
 every block of `block_m` slots belongs to one expert: the grouped GEMMs run one program per
 (block, N tile) and read that expert's weights. Shapes are static (sized for the worst case,
 A + E * (block_m - 1) slots), so the launch is the same for any routing: graph-capturable.
+
+A batch of at most DIRECT_MAX_TOKENS tokens skips the sort (`direct_blocks`): block e is expert
+e's, over every token (block_m >= T). Its row m is token m's assignment to e when the token chose
+e, padding otherwise; the GEMM programs find those rows in topk_ids themselves. At a denoise round
+of one 32-token block the sort's two launches (count + prefix, place: ~6 us a MoE layer on an
+H200, and the gaps between kernels) cost more than the compute the direct blocks add: each
+expert's product runs over all T rows where the sort's blocks hold 16, but at that size the
+expert GEMMs are bound by their weights' bytes, not by their FLOPs.
 """
 
 from __future__ import annotations
@@ -13,19 +21,37 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_serve.kernels.runtime import cdiv
+from dllm_serve.kernels.runtime import cdiv, next_pow2
+
+DIRECT_MAX_TOKENS = 32  # batches of at most this many tokens take `direct_blocks` (no sort)
 
 
 @dataclass
 class ExpertBlocks:
+    """Where each GEMM block's rows are. Sorted (`direct_top_k` 0): sorted_rows holds each
+    slot's assignment (A = padding), block_expert each block's expert. Direct (`direct_top_k`
+    = K): sorted_rows is topk_ids (T * K,) itself, block e is expert e's over tokens 0..T-1
+    (block_m >= T); block_expert and num_slots are unused (the same ids)."""
+
     sorted_rows: torch.Tensor  # (max_blocks * block_m,) int32 assignment per slot; A = padding
     block_expert: torch.Tensor  # (max_blocks,) int32 expert of each block, -1 past the used ones
     num_slots: torch.Tensor  # (1,) int32 slots in use (a multiple of block_m)
     block_m: int
+    direct_top_k: int = 0  # > 0: the direct layout, top-k choices per token
+    num_experts: int = 0  # the direct layout's blocks (one per expert)
 
     @property
     def max_blocks(self) -> int:
-        return self.block_expert.shape[0]
+        return self.num_experts if self.direct_top_k else self.block_expert.shape[0]
+
+
+def direct_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
+    """topk_ids (T, K), each row's K experts distinct (a top-k) -> the direct layout, one block
+    of next_pow2(T) (>= 16) rows per expert. No kernel runs and nothing is allocated."""
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    return ExpertBlocks(flat, flat, flat, max(16, next_pow2(t)), direct_top_k=k,
+                        num_experts=num_experts)
 
 
 def choose_block_m(num_assignments: int, num_experts: int) -> int:
