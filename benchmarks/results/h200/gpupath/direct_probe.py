@@ -9,8 +9,11 @@ MIN_SPLIT_KEYS) in whole rounds, and what routing balance costs the expert GEMMs
    every split a step), (32, 1), (32, 64) (after), (64, 64), twice in turns, on one model.
 2. `fused_experts` alone (LLaDA2.0-mini's experts, random weights, in a CUDA graph of 10 calls)
    at T = 32 / 512 / 1024 / 2048 tokens: a random top-8 draw per token against a balanced one
-   (every expert exactly T * 8 / 256 assignments), so the expert blocks' padding shows.
+   (every expert exactly T * 8 / 256 assignments), so the expert blocks' padding shows; and at
+   T >= 512 (random draw) the table's launches against persistent ones (MoeLaunch.persistent
+   = 1-4 programs per SM looping over the tiles in use) for the up or the down GEMM.
 """
+import dataclasses
 import json
 import sys
 import time
@@ -31,6 +34,7 @@ from benchmarks.round_roofline import (
 )
 from dllm_serve.kernels import block_attention, moe_align
 from dllm_serve.kernels.fused_moe import fused_experts
+from dllm_serve.kernels.moe_launch import choose_moe_launches
 from dllm_serve.model.loader import random_model
 from dllm_serve.tools.tiny_checkpoint import checkpoint_config, preset_arch
 
@@ -74,20 +78,29 @@ def moe(out: dict) -> None:
         weights = torch.full((t, K), 1.0 / K, device=dev)
         draws = {"random": torch.rand(t, E, generator=g).topk(K, dim=1).indices,
                  "balanced": (torch.arange(t)[:, None] * K + torch.arange(K)) % E}
+        up, down = choose_moe_launches(t * K)
+        variants = [("table", (up, down))]
+        if t >= 512:
+            for p in (1, 2, 3, 4):
+                variants += [(f"up_persistent{p}", (dataclasses.replace(up, persistent=p), down)),
+                             (f"down_persistent{p}",
+                              (up, dataclasses.replace(down, persistent=p)))]
         for name, ids in draws.items():
             ids = ids.to(dev)
             counts = torch.bincount(ids.flatten(), minlength=E)
             for direct in ((0, 32) if t <= 32 else (32,)):
                 moe_align.DIRECT_MAX_TOKENS = direct
-                n = 10
-                f = graphed(lambda ids=ids, x=x, w=weights, n=n: [
-                    fused_experts(x, w13, w2, ids, w) for _ in range(n)], dev)
-                us = 1e3 * time_ms(f, 3, 15, dev) / n
-                row = {"tokens": t, "routing": name, "direct_max_tokens": direct,
-                       "us_per_call": us, "max_count": int(counts.max()),
-                       "experts_used": int((counts > 0).sum())}
-                print(row, flush=True)
-                out["moe"].append(row)
+                for label, launches in variants if name == "random" else variants[:1]:
+                    n = 10
+                    f = graphed(lambda ids=ids, x=x, w=weights, n=n, ln=launches: [
+                        fused_experts(x, w13, w2, ids, w, launches=ln) for _ in range(n)], dev)
+                    us = 1e3 * time_ms(f, 3, 15, dev) / n
+                    row = {"tokens": t, "routing": name, "direct_max_tokens": direct,
+                           "launches": label, "us_per_call": us,
+                           "max_count": int(counts.max()),
+                           "experts_used": int((counts > 0).sum())}
+                    print(row, flush=True)
+                    out["moe"].append(row)
     moe_align.DIRECT_MAX_TOKENS = 32
 
 
