@@ -53,7 +53,7 @@ from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.moe_sum import sum_choices
-from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2, num_sms
+from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
     FUSES_NORM,
@@ -170,7 +170,7 @@ def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int
     h = x.new_empty(a + (0 if shared is None else t), inter)
     all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _up_kernel[grid(blocks, run, all_blocks * triton.cdiv(inter, run.block_n), x.device)](
+        _up_kernel[(all_blocks * triton.cdiv(inter, run.block_n),)](
             x, w13, w13 if shared is None else shared, h, blocks.sorted_rows,
             blocks.block_expert, blocks.num_slots, w13.stride(0), blocks.max_blocks,
             all_blocks, a, t, hidden, inter, TOP_K=top_k, **launch_args(blocks, run))
@@ -193,8 +193,7 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: M
     y = h.new_empty(rows, hidden)
     all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _down_kernel[grid(blocks, run, all_blocks * triton.cdiv(hidden, run.block_n),
-                          h.device)](
+        _down_kernel[(all_blocks * triton.cdiv(hidden, run.block_n),)](
             h, w2, w2 if shared is None else shared, y, blocks.sorted_rows,
             blocks.block_expert, blocks.num_slots, w2.stride(0), blocks.max_blocks,
             all_blocks, a, rows - a, hidden, inter, **launch_args(blocks, run))
@@ -230,51 +229,31 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
         go(DEFAULT_LAUNCH)
 
 
-def persistent(blocks: ExpertBlocks, launch: MoeLaunch) -> bool:
-    """Whether the launch loops over the tiles in use (never in the direct layout, whose
-    blocks are all in use)."""
-    return launch.persistent > 0 and not blocks.direct_top_k
-
-
-def grid(blocks: ExpertBlocks, launch: MoeLaunch, tiles: int, device: torch.device
-         ) -> tuple[int]:
-    """One program per tile of the static grid, or `launch.persistent` programs per SM (at
-    most one per tile), each looping over the tiles in use."""
-    if persistent(blocks, launch):
-        return (min(tiles, launch.persistent * num_sms(device)),)
-    return (tiles,)
-
-
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
     return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-                BLOCK_MAJOR=launch.block_major, PERSISTENT=persistent(blocks, launch),
-                DIRECT_K=blocks.direct_top_k,
+                BLOCK_MAJOR=launch.block_major, DIRECT_K=blocks.direct_top_k,
                 DIRECT_KP=next_pow2(max(blocks.direct_top_k, 1)), DOT_F32=interpreted(),
                 num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 @triton.jit
-def _block_rows(SortedRows, BlockExpert, NumSlots, tile, routed_blocks, max_blocks, blocks,
-                num_rows, num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows,
+                num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr):
-    """Tile `tile` of `blocks` blocks x N tiles: (its block's expert, -1 when unused; whether it
-    is a block of the shared expert; rows of h / y; row validity; output columns (BLOCK_N,) of
-    n_cols). Blocks b < routed_blocks are routed block b, the rest the shared expert's (block
-    max_blocks + b - routed_blocks: they follow the max_blocks routed ones); its rows are
-    num_rows + t for its num_shared tokens t. One program a tile: routed_blocks = max_blocks
-    and blocks every block; a persistent launch counts only the routed blocks in use.
-    BLOCK_MAJOR: tiles run a block's N tiles consecutively, then the next block's; else one N
-    tile's blocks, then the next N tile's. Either way the blocks of one expert run side by side
-    and share its weight tiles through L2. DIRECT_K > 0: the direct layout (ExpertBlocks),
-    routed block e is expert e's (`_direct_rows`)."""
+    """This program's tile: (its block's expert, -1 when unused; whether it is a block of the
+    shared expert (those follow the max_blocks routed ones); rows of h / y; row validity;
+    output columns (BLOCK_N,) of n_cols). The shared expert's rows are num_rows + t for its
+    num_shared tokens t. BLOCK_MAJOR: program ids run a block's N tiles consecutively, then
+    the next block's; else one N tile's blocks, then the next N tile's. Either way the blocks
+    of one expert run side by side and share its weight tiles through L2. DIRECT_K > 0: the
+    direct layout (ExpertBlocks), routed block e is expert e's (`_direct_rows`)."""
     if BLOCK_MAJOR:
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
-        b = tile // n_tiles
-        n_tile = tile % n_tiles
+        block = tl.program_id(0) // n_tiles
+        n_tile = tl.program_id(0) % n_tiles
     else:
-        b = tile % blocks
-        n_tile = tile // blocks
-    block = tl.where(b < routed_blocks, b, max_blocks + b - routed_blocks)
+        block = tl.program_id(0) % all_blocks
+        n_tile = tl.program_id(0) // all_blocks
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     shared = block >= max_blocks
     m = tl.arange(0, BLOCK_M)
@@ -319,48 +298,17 @@ def _expert_weight(W, WShared, expert, shared, stride_we):
 
 
 @triton.jit
-def _tiles_in_use(NumSlots, max_blocks, all_blocks, n_cols, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """A persistent launch's work: (routed blocks in use, blocks in use with the shared
-    expert's, their tiles)."""
-    routed = tl.load(NumSlots) // BLOCK_M
-    blocks = routed + all_blocks - max_blocks
-    return routed, blocks, blocks * tl.cdiv(n_cols, BLOCK_N)
-
-
-@triton.jit
 def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_MAJOR: tl.constexpr, PERSISTENT: tl.constexpr, DIRECT_K: tl.constexpr,
-               DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
+               BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
+               DOT_F32: tl.constexpr):
     """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]); the
-    shared expert's rows num_rows + t: the same of token t through WShared. PERSISTENT: each
-    program loops over the tiles in use; else the program is one tile of the static grid."""
-    if PERSISTENT:
-        routed, blocks, tiles = _tiles_in_use(NumSlots, max_blocks, all_blocks, inter, BLOCK_M,
-                                              BLOCK_N)
-        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-            _up_tile(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, tile,
-                     routed, max_blocks, blocks, num_rows, num_tokens, hidden, inter, TOP_K,
-                     BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_MAJOR, DIRECT_K, DIRECT_KP, DOT_F32)
-    else:
-        _up_tile(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we,
-                 tl.program_id(0), max_blocks, max_blocks, all_blocks, num_rows, num_tokens,
-                 hidden, inter, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_MAJOR, DIRECT_K,
-                 DIRECT_KP, DOT_F32)
-
-
-@triton.jit
-def _up_tile(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, tile,
-             routed_blocks, max_blocks, blocks, num_rows, num_tokens, hidden, inter,
-             TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr,
-             DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
-    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots, tile,
-                                                 routed_blocks, max_blocks, blocks, num_rows,
-                                                 num_tokens, inter, BLOCK_M, BLOCK_N,
-                                                 BLOCK_MAJOR, DIRECT_K, DIRECT_KP)
+    shared expert's rows num_rows + t: the same of token t through WShared."""
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_tokens,
+                                                 inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
     if expert >= 0:
         n_ok = n < inter
         tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
@@ -387,34 +335,13 @@ def _up_tile(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, t
 def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                  all_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
-                 PERSISTENT: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+                 DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
     """y[a, n] = h[a] . w2[e, n] (WShared for the shared expert's rows), accumulated in fp32,
-    stored in Y's dtype. PERSISTENT as in `_up_kernel`."""
-    if PERSISTENT:
-        routed, blocks, tiles = _tiles_in_use(NumSlots, max_blocks, all_blocks, hidden,
-                                              BLOCK_M, BLOCK_N)
-        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-            _down_tile(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, tile,
-                       routed, max_blocks, blocks, num_rows, num_shared, hidden, inter,
-                       BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_MAJOR, DIRECT_K, DIRECT_KP, DOT_F32)
-    else:
-        _down_tile(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we,
-                   tl.program_id(0), max_blocks, max_blocks, all_blocks, num_rows, num_shared,
-                   hidden, inter, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_MAJOR, DIRECT_K, DIRECT_KP,
-                   DOT_F32)
-
-
-@triton.jit
-def _down_tile(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, tile,
-               routed_blocks, max_blocks, blocks, num_rows, num_shared, hidden, inter,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
-               DOT_F32: tl.constexpr):
-    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots, tile,
-                                                 routed_blocks, max_blocks, blocks, num_rows,
-                                                 num_shared, hidden, BLOCK_M, BLOCK_N,
-                                                 BLOCK_MAJOR, DIRECT_K, DIRECT_KP)
+    stored in Y's dtype."""
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_shared,
+                                                 hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
     if expert >= 0:
         n_ok = n < hidden
         w = _expert_weight(W2, WShared, expert, shared, stride_we)

@@ -6,12 +6,14 @@ MIN_SPLIT_KEYS) in whole rounds, and what routing balance costs the expert GEMMs
 
 1. Rounds (benchmarks/round_roofline.py's worker path, triton+graphs) at B = 1 / 2 / 4, prefixes
    ~1k and ~4k, settings (DIRECT_MAX_TOKENS, MIN_SPLIT_KEYS) = (0, 1) (before: always sort,
-   every split a step), (32, 1), (32, 64) (after), (64, 64), twice in turns, on one model.
+   every split a step), (32, 64) (after), (32, 1) (the direct layout alone), twice in turns,
+   on one model.
 2. `fused_experts` alone (LLaDA2.0-mini's experts, random weights, in a CUDA graph of 10 calls)
    at T = 32 / 512 / 1024 / 2048 tokens: a random top-8 draw per token against a balanced one
    (every expert exactly T * 8 / 256 assignments), so the expert blocks' padding shows; and at
-   T >= 512 (random draw) the table's launches against persistent ones (MoeLaunch.persistent
-   = 1-4 programs per SM looping over the tiles in use) for the up or the down GEMM.
+   T >= 512 (random draw), with tried_persistent_tiles_1304e3f.patch applied (not landed), the
+   table's launches against persistent ones (MoeLaunch.persistent = 1-4 programs per SM looping
+   over the tiles in use) for the up or the down GEMM.
 """
 import dataclasses
 import json
@@ -49,7 +51,7 @@ def rounds(out: dict) -> None:
     out["ceilings"] = ceilings
     args = Namespace(batch_sizes=[1, 2, 4], prefixes=[1024, 4096], warmup=2, iters=7,
                      out=None, profile=[0, 0])
-    settings = [(0, 1), (32, 1), (32, 64), (64, 64)] * 2
+    settings = [(0, 1), (32, 64), (32, 1)] * 2
     for turn, (direct, min_keys) in enumerate(settings):
         moe_align.DIRECT_MAX_TOKENS = direct
         block_attention.MIN_SPLIT_KEYS = min_keys
@@ -80,7 +82,8 @@ def moe(out: dict) -> None:
                  "balanced": (torch.arange(t)[:, None] * K + torch.arange(K)) % E}
         up, down = choose_moe_launches(t * K)
         variants = [("table", (up, down))]
-        if t >= 512:
+        persistent = "persistent" in {f.name for f in dataclasses.fields(up)}
+        if t >= 512 and persistent:
             for p in (1, 2, 3, 4):
                 variants += [(f"up_persistent{p}", (dataclasses.replace(up, persistent=p), down)),
                              (f"down_persistent{p}",
