@@ -61,7 +61,9 @@ COMBINE_PROGRAMS_PER_SM = 4
 # the rest exit at once, writing only a -inf log-sum-exp that the merge skips. At B = 1 on an
 # H200 (benchmarks/attention_tune.py, results/h200/gpupath/attention_tune_splits_e585189.json)
 # a split of ~64 keys was the fastest at prefix ~1k (16 splits: 9.4 us a layer with the merge,
-# 32 splits of ~30 keys: 10.6 us) and 32 splits of ~115 keys at ~4k (13.1 us, 16: 14.0).
+# 32 splits of ~30 keys: 10.6 us) and 32 splits of ~115 keys at ~4k (13.1 us, 16: 14.0). In
+# rounds on an H100 (results/h200/gpupath/direct_probe_h100_1304e3f.json, two turns each) B = 2
+# at ~1k took 7.99 against 8.04 ms; B = 1 and 4 and every ~4k row within 0.01 ms either way.
 MIN_SPLIT_KEYS = 64
 
 
