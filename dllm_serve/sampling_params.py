@@ -138,10 +138,13 @@ NULLABLE = frozenset({"max_new_tokens", "seed"})  # null means "the default" for
 
 def _take_seed_alias(d: dict[str, Any]) -> None:
     """SGLang's native sampling_params name the seed `sampling_seed`: it becomes `seed` (both
-    given with different values is a ValueError)."""
+    given with different values is a ValueError; so is a value that is no int64, named as
+    sampling_seed)."""
     alias = d.pop(SEED_ALIAS, None)
     if alias is None:
         return
+    _check(_is_int(alias) and SEED_MIN <= alias <= SEED_MAX,
+           f"{SEED_ALIAS} must be a 64-bit signed integer, got {alias!r}")
     if d.get("seed") is not None and d["seed"] != alias:
         raise ValueError(f"seed ({d['seed']!r}) and {SEED_ALIAS} ({alias!r}) differ: give one")
     d["seed"] = alias

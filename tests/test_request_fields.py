@@ -144,3 +144,6 @@ def test_copies_seeds_wrap_in_int64() -> None:
     for bad in (-(2**63) - 1, 2**63):
         with pytest.raises(ValueError, match="seed must be a 64-bit signed integer"):
             SamplingParams.from_dict({"seed": bad}).verify(vocab_size=100)
+    for bad in (-(2**63) - 1, 2**63, "7", 7.0, True):  # SGLang's name: the message names it
+        with pytest.raises(ValueError, match="sampling_seed must be a 64-bit signed integer"):
+            SamplingParams.from_dict({"sampling_seed": bad})
