@@ -97,7 +97,7 @@ class SamplingParams:
         for flag in ("ignore_eos", "no_stop_trim", "skip_special_tokens",
                      "spaces_between_special_tokens"):
             _check(isinstance(getattr(self, flag), bool), f"{flag} must be a boolean")
-        _check(self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
+        _check(self.seed is None or _is_seed(self.seed),
                f"seed must be a 64-bit signed integer, got {self.seed!r}")
         _check(isinstance(self.dllm, dict), "dllm settings must be an object")
         for name, value in self.dllm.items():
@@ -143,11 +143,15 @@ def _take_seed_alias(d: dict[str, Any]) -> None:
     alias = d.pop(SEED_ALIAS, None)
     if alias is None:
         return
-    _check(_is_int(alias) and SEED_MIN <= alias <= SEED_MAX,
-           f"{SEED_ALIAS} must be a 64-bit signed integer, got {alias!r}")
+    _check(_is_seed(alias), f"{SEED_ALIAS} must be a 64-bit signed integer, got {alias!r}")
     if d.get("seed") is not None and d["seed"] != alias:
         raise ValueError(f"seed ({d['seed']!r}) and {SEED_ALIAS} ({alias!r}) differ: give one")
     d["seed"] = alias
+
+
+def _is_seed(value: object) -> bool:
+    """An int (not a bool) in int64's range."""
+    return _is_int(value) and SEED_MIN <= value <= SEED_MAX  # type: ignore[operator]
 
 
 def copy_seed(seed: int, copy: int) -> int:
