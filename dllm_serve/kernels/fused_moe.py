@@ -27,8 +27,12 @@ launches past 512 tokens) each block's N tiles consecutively; either way the blo
 expert (same weight tiles) run side by side and share them through L2, so each selected
 expert's weights come from memory about once per projection. Block-major also reads each
 block's input rows once: N-major re-reads all of them per N tile, from memory once they outgrow
-L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.moe_router.route` +
-`moe_reference`.
+L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). A persistent launch
+(`MoeLaunch.persistent` programs per SM, sorted layout only) instead loops over the tiles of
+the blocks in use, block-major, in one loop with the K steps (`tl.range(flatten=True)`), so the
+next tile's first loads are in flight while the current tile finishes: a program a tile drains
+its load pipeline every few K steps (the down GEMM's K is 512). Oracle:
+`layers.moe_router.route` + `moe_reference`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ shapes that depend only on (T, V, H) (graph-capturable, no host sync). Such rows
 1. `_head_kernel`: per (row tile, vocabulary tile) the GEMM tile in fp32, then its rows' max,
    first argmax and sum of exp(l - max) over the tile -> (T, tiles) partials. Program ids run
    one vocabulary tile's row tiles consecutively, so each weight tile comes from memory once
-   and the hidden states (T x H, a few MB) stay in L2.
+   and the hidden states (T x H, a few MB) stay in L2. A persistent launch
+   (`HeadLaunch.persistent` programs per SM) loops over the asked rows' tiles in that order,
+   in one loop with the K steps, so a tile's epilogue overlaps the next tile's loads.
 2. `_merge_kernel`: per asked row, the partials merged (step.py's `merge_partials`), written
    at the row's own index.
 Oracle: `reference_head_greedy` (the LM head's GEMM, then step.py's reference).
