@@ -12,8 +12,9 @@ GEMMs, HeadLaunch.persistent for the fused LM head), in rounds.
    a half-masked round): the served launch of more than 64 rows against persistent ones at T =
    512 / 1024 / 2048, each in a CUDA graph of 10 calls; the fastest replaces HEAD_LAUNCHES' last
    row if it wins at all three sizes.
-3. Rounds (benchmarks/round_roofline.py's worker path, triton+graphs) at B = 16 / 32 / 64,
-   prefixes ~1k and ~4k, with the tables as served and as patched, twice in turns, on one model.
+3. Rounds (benchmarks/round_roofline.py's worker path, triton+graphs) at B = 1 / 4 / 16 /
+   32 / 64, prefixes ~1k and ~4k, with the tables as served and as patched, twice in turns,
+   on one model (the served tables once when nothing was patched).
 """
 import json
 import sys
@@ -105,7 +106,8 @@ def head_sweep(out: dict) -> tuple:
 
 
 def main() -> None:
-    sweep = json.loads(Path(sys.argv[1]).read_text())
+    given = Path(sys.argv[1])
+    sweep = json.loads(given.read_text()) if given.exists() else {"rows": []}  # no sweep: served
     path = Path(sys.argv[2])
     served = moe_launch.MOE_LAUNCHES
     patched = patched_table(sweep)
@@ -116,18 +118,17 @@ def main() -> None:
     head_patched = head_sweep(out)
     out["head_patched"] = repr(head_patched)
     print("patched head table:", head_patched, flush=True)
-    if patched == served and head_patched == head_served:
-        print("no persistent launch beat the table's: no rounds", flush=True)
-        path.write_text(json.dumps(out, indent=1))
-        return
     dev = torch.device("cuda")
     _, hf = checkpoint_config(preset_arch("llada2-mini-shape", None), "llada2-mini-shape")
     model = random_model(hf, torch.bfloat16, dev, 0)
     ceilings = measure_ceilings(dev)
     out["ceilings"] = ceilings
-    args = Namespace(batch_sizes=[16, 32, 64], prefixes=[1024, 4096], warmup=2, iters=5,
+    args = Namespace(batch_sizes=[1, 4, 16, 32, 64], prefixes=[1024, 4096], warmup=2, iters=5,
                      out=None, profile=[0, 0])
     turns = [("served", served, head_served), ("patched", patched, head_patched)] * 2
+    if patched == served and head_patched == head_served:
+        print("no persistent launch won: the served tables' rounds once", flush=True)
+        turns = turns[:1]
     for turn, (name, table, head) in enumerate(turns):
         moe_launch.MOE_LAUNCHES, lm_head.HEAD_LAUNCHES = table, head
         for r in run_backend(hf, model, "triton+graphs", args, dev, torch.bfloat16):
@@ -136,7 +137,7 @@ def main() -> None:
                   f"ratio {r['ratio']:.3f}", flush=True)
             out["rounds"].append({"turn": turn, "table": name,
                                   **{k: r[k] for k in ("batch", "prefix", "round_ms",
-                                                       "floor_ms", "ratio")}})
+                                                       "floor_ms", "ratio", "startup_s")}})
             path.write_text(json.dumps(out, indent=1))
     moe_launch.MOE_LAUNCHES, lm_head.HEAD_LAUNCHES = served, head_served
     path.write_text(json.dumps(out, indent=1, default=str))
