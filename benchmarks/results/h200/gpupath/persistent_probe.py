@@ -2,7 +2,7 @@
 GEMMs, HeadLaunch.persistent for the fused LM head), in rounds.
 
     python3 benchmarks/moe_tune.py --tokens 512 1024 2048 ... --out moe_tune.json
-    python3 benchmarks/results/h200/gpupath/persistent_probe.py moe_tune.json OUT.json
+    python3 benchmarks/results/h200/gpupath/persistent_probe.py moe_tune.json OUT.json [TURNS]
 
 1. Experts: for each size the sweep measured (T = 512 / 1024 / 2048 tokens: the denoise
    buckets of 16 / 32 / 64 blocks), the best persistent launch of each kernel replaces the
@@ -126,6 +126,7 @@ def main() -> None:
     args = Namespace(batch_sizes=[1, 4, 16, 32, 64], prefixes=[1024, 4096], warmup=2, iters=5,
                      out=None, profile=[0, 0])
     turns = [("served", served, head_served), ("patched", patched, head_patched)] * 2
+    turns = turns[:int(sys.argv[3]) if len(sys.argv) > 3 else 4]  # fewer turns: less time
     if patched == served and head_patched == head_served:
         print("no persistent launch won: the served tables' rounds once", flush=True)
         turns = turns[:1]
