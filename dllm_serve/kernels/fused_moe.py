@@ -315,6 +315,22 @@ def _block_rows(SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, nu
 
 
 @triton.jit
+def _tile(SortedRows, BlockExpert, NumSlots, index, routed, max_blocks, all_blocks, num_rows,
+          num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_MAJOR: tl.constexpr, PERSISTENT: tl.constexpr, DIRECT_K: tl.constexpr,
+          DIRECT_KP: tl.constexpr):
+    """`_block_rows` of tile `index`: with PERSISTENT the index-th tile in use
+    (`_persistent_tile`, `routed` routed blocks in use), else program `index` of the static
+    grid (`_program_tile`)."""
+    if PERSISTENT:
+        block, n_tile = _persistent_tile(index, routed, max_blocks, n_cols, BLOCK_N)
+    else:
+        block, n_tile = _program_tile(index, all_blocks, n_cols, BLOCK_N, BLOCK_MAJOR)
+    return _block_rows(SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
+                       num_shared, BLOCK_M, BLOCK_N, DIRECT_K, DIRECT_KP)
+
+
+@triton.jit
 def _direct_rows(Ids, expert, num_rows, K: tl.constexpr, KP: tl.constexpr,
                  BLOCK_M: tl.constexpr):
     """The direct layout's block of `expert`: (the expert, -1 when no token chose it; rows
@@ -349,18 +365,17 @@ def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we,
         routed, tiles = _tiles_in_use(NumSlots, max_blocks, all_blocks, inter, BLOCK_M,
                                       BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
-            block, n_tile = _persistent_tile(tile, routed, max_blocks, inter, BLOCK_N)
-            expert, shared, rows, valid, n = _block_rows(
-                SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
-                num_tokens, BLOCK_M, BLOCK_N, DIRECT_K, DIRECT_KP)
+            expert, shared, rows, valid, n = _tile(
+                SortedRows, BlockExpert, NumSlots, tile, routed, max_blocks, all_blocks,
+                num_rows, num_tokens, inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR, True, DIRECT_K,
+                DIRECT_KP)
             _up_tile(X, W13, WShared, H, expert, shared, rows, valid, n, stride_we, num_rows,
                      hidden, inter, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
     else:
-        block, n_tile = _program_tile(tl.program_id(0), all_blocks, inter, BLOCK_N,
-                                      BLOCK_MAJOR)
-        expert, shared, rows, valid, n = _block_rows(
-            SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
-            num_tokens, BLOCK_M, BLOCK_N, DIRECT_K, DIRECT_KP)
+        expert, shared, rows, valid, n = _tile(
+            SortedRows, BlockExpert, NumSlots, tl.program_id(0), 0, max_blocks, all_blocks,
+            num_rows, num_tokens, inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR, False, DIRECT_K,
+            DIRECT_KP)
         if expert >= 0:
             _up_tile(X, W13, WShared, H, expert, shared, rows, valid, n, stride_we, num_rows,
                      hidden, inter, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
@@ -404,18 +419,17 @@ def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we
         routed, tiles = _tiles_in_use(NumSlots, max_blocks, all_blocks, hidden, BLOCK_M,
                                       BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
-            block, n_tile = _persistent_tile(tile, routed, max_blocks, hidden, BLOCK_N)
-            expert, shared, rows, valid, n = _block_rows(
-                SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
-                num_shared, BLOCK_M, BLOCK_N, DIRECT_K, DIRECT_KP)
+            expert, shared, rows, valid, n = _tile(
+                SortedRows, BlockExpert, NumSlots, tile, routed, max_blocks, all_blocks,
+                num_rows, num_shared, hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR, True, DIRECT_K,
+                DIRECT_KP)
             _down_tile(H, W2, WShared, Y, expert, shared, rows, valid, n, stride_we, hidden,
                        inter, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
     else:
-        block, n_tile = _program_tile(tl.program_id(0), all_blocks, hidden, BLOCK_N,
-                                      BLOCK_MAJOR)
-        expert, shared, rows, valid, n = _block_rows(
-            SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
-            num_shared, BLOCK_M, BLOCK_N, DIRECT_K, DIRECT_KP)
+        expert, shared, rows, valid, n = _tile(
+            SortedRows, BlockExpert, NumSlots, tl.program_id(0), 0, max_blocks, all_blocks,
+            num_rows, num_shared, hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR, False, DIRECT_K,
+            DIRECT_KP)
         if expert >= 0:
             _down_tile(H, W2, WShared, Y, expert, shared, rows, valid, n, stride_we, hidden,
                        inter, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
