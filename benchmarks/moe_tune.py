@@ -8,9 +8,8 @@ top_k distinct experts uniformly) at T tokens for each --tokens. `_up_kernel` (x
 median over --iters of --launches back-to-back launches between CUDA events, the expert sort
 done beforehand) under each candidate MoeLaunch, and each output is checked against the
 default launch's. The search is staged by default (block_n x block_k at the default warps
-and stages, then warps x stages at the best tile, then both program orders at the best launch,
-then --persistent's programs per SM at the best and warps x stages again if one wins:
-~2-3 minutes of compiles on an H200 at five sizes) or --search full (every combination). A
+and stages, then warps x stages at the best tile, then both program orders at the best launch:
+~2 minutes of compiles on an H200 at five sizes) or --search full (every combination). A
 launch the compiler or the device refuses is recorded with its error. Per kernel and size it
 prints the best launch, its time and the bytes floor (the touched experts' weights over
 --bandwidth), then the whole `fused_experts` call under the best launches against
@@ -60,10 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-major", type=int, nargs="+", default=[0, 1], choices=[0, 1],
                    help="program orders to try at the best launch (1: a block's N tiles "
                         "together, 0: an N tile's blocks together)")
-    p.add_argument("--persistent", type=int, nargs="+", default=[0, 1, 2],
-                   help="programs per SM to try at the best launch (0: one program a tile; "
-                        "n > 0: n per SM looping over the tiles in use), then warps x stages "
-                        "again at the best of them")
     p.add_argument("--search", choices=["staged", "full"], default="staged")
     p.add_argument("--iters", type=int, default=10, help="timed repetitions (median)")
     p.add_argument("--launches", type=int, default=5, help="back-to-back launches per timing")
@@ -152,7 +147,7 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def launch_of(row: dict[str, Any]) -> MoeLaunch:
     return MoeLaunch(row["block_n"], row["block_k"], row["num_warps"], row["num_stages"],
-                     bool(row.get("block_major", False)), int(row.get("persistent", 0)))
+                     bool(row.get("block_major", False)))
 
 
 def default_or_first(values: list[int], default: int) -> int:
@@ -171,9 +166,9 @@ def sweep_kernel(ns: argparse.Namespace, case: Case, kernel: str) -> list[dict[s
                 done[launch] = measure(ns, case, kernel, launch, reference)
 
     if ns.search == "full":
-        run_all([DEFAULT_LAUNCH] + [MoeLaunch(*c[:4], bool(c[4]), c[5]) for c in
+        run_all([DEFAULT_LAUNCH] + [MoeLaunch(*c[:4], bool(c[4])) for c in
                                     itertools.product(ns.block_n, ns.block_k, ns.warps, ns.stages,
-                                                      ns.block_major, ns.persistent)])
+                                                      ns.block_major)])
         return list(done.values())
     warps = default_or_first(ns.warps, DEFAULT_LAUNCH.num_warps)
     stages = default_or_first(ns.stages, DEFAULT_LAUNCH.num_stages)
@@ -186,13 +181,6 @@ def sweep_kernel(ns: argparse.Namespace, case: Case, kernel: str) -> list[dict[s
     top = best(list(done.values()))
     if top is not None:
         run_all([replace(launch_of(top), block_major=bool(b)) for b in ns.block_major])
-    top = best(list(done.values()))
-    if top is not None:
-        run_all([replace(launch_of(top), persistent=n) for n in ns.persistent])
-    top = best(list(done.values()))
-    if top is not None and top["persistent"]:  # a pipeline across tiles may want other depths
-        run_all([replace(launch_of(top), num_warps=w, num_stages=s)
-                 for w, s in itertools.product(ns.warps, ns.stages)])
     return list(done.values())
 
 

@@ -4,7 +4,6 @@ followed by the argmax / softmax confidence, on every asked row; rows not asked 
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -83,26 +82,6 @@ def test_head_greedy_equals_the_gemm_then_argmax(tokens: int, width: int, vocab:
         assert x[0] != mask_id and x[1] == vocab // 3
     else:
         assert (x == skip_id).all() and (p == 0).all()
-
-
-@pytest.mark.parametrize("asked", ["all", "some", "none"])
-@pytest.mark.parametrize("per_sm", [1, 3])
-def test_persistent_head_equals_one_program_a_tile(asked: str, per_sm: int) -> None:
-    """A few programs looping over the asked rows' tiles (the CPU counts as a few SMs: fewer
-    programs than tiles) give what one program a tile gives, bit for bit."""
-    tokens, width, vocab, mask_id = 37, 72, 301, 296
-    hidden, weight = planted(tokens, width, vocab, mask_id, torch.bfloat16, seed=5)
-    gen = torch.Generator().manual_seed(2)
-    rows = {"all": None, "some": torch.rand(tokens, generator=gen) < 0.5,
-            "none": torch.zeros(tokens, dtype=torch.bool)}[asked]
-    rows = None if rows is None else rows.to(DEVICE)
-    launch = dataclasses.replace(SMALL, persistent=per_sm)
-    x, p = head_greedy(hidden, weight, mask_id, rows, skip_id=7, launch=launch)
-    ref_x, ref_p = head_greedy(hidden, weight, mask_id, rows, skip_id=7, launch=SMALL)
-    assert torch.equal(x, ref_x) and torch.equal(p, ref_p)
-    ox, op = oracle(hidden, weight, mask_id, rows, 7)
-    assert torch.equal(x, ox)
-    torch.testing.assert_close(p, op, rtol=1e-5, atol=1e-6)
 
 
 def test_reference_rounds_the_logits_once() -> None:

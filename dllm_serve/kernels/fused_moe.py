@@ -27,12 +27,8 @@ launches past 512 tokens) each block's N tiles consecutively; either way the blo
 expert (same weight tiles) run side by side and share them through L2, so each selected
 expert's weights come from memory about once per projection. Block-major also reads each
 block's input rows once: N-major re-reads all of them per N tile, from memory once they outgrow
-L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). A persistent launch
-(`MoeLaunch.persistent` programs per SM, sorted layout only) instead loops over the tiles of
-the blocks in use, block-major, in one loop with the K steps (`tl.range(flatten=True)`), so the
-next tile's first loads are in flight while the current tile finishes: a program a tile drains
-its load pipeline every few K steps (the down GEMM's K is 512). Oracle:
-`layers.moe_router.route` + `moe_reference`.
+L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.moe_router.route` +
+`moe_reference`.
 """
 
 from __future__ import annotations
@@ -57,7 +53,7 @@ from dllm_serve.kernels.moe_route import supports as route_supports
 from dllm_serve.kernels.moe_sort import sort_by_expert
 from dllm_serve.kernels.moe_sort import supports as sort_supports
 from dllm_serve.kernels.moe_sum import sum_choices
-from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2, num_sms
+from dllm_serve.kernels.runtime import check_device, interpreted, next_pow2
 from dllm_serve.kernels.triton_utils import dot
 from dllm_serve.layers.moe import (
     FUSES_NORM,
@@ -174,7 +170,7 @@ def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int
     h = x.new_empty(a + (0 if shared is None else t), inter)
     all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _up_kernel[grid(blocks, run, all_blocks, inter, x.device)](
+        _up_kernel[(all_blocks * triton.cdiv(inter, run.block_n),)](
             x, w13, w13 if shared is None else shared, h, blocks.sorted_rows,
             blocks.block_expert, blocks.num_slots, w13.stride(0), blocks.max_blocks,
             all_blocks, a, t, hidden, inter, TOP_K=top_k, **launch_args(blocks, run))
@@ -197,7 +193,7 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: M
     y = h.new_empty(rows, hidden)
     all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _down_kernel[grid(blocks, run, all_blocks, hidden, h.device)](
+        _down_kernel[(all_blocks * triton.cdiv(hidden, run.block_n),)](
             h, w2, w2 if shared is None else shared, y, blocks.sorted_rows,
             blocks.block_expert, blocks.num_slots, w2.stride(0), blocks.max_blocks,
             all_blocks, a, rows - a, hidden, inter, **launch_args(blocks, run))
@@ -233,69 +229,31 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
         go(DEFAULT_LAUNCH)
 
 
-def persistent(blocks: ExpertBlocks, launch: MoeLaunch) -> bool:
-    """Whether the launch's programs loop over the tiles in use (MoeLaunch.persistent; never
-    in the direct layout)."""
-    return launch.persistent > 0 and not blocks.direct_top_k
-
-
-def grid(blocks: ExpertBlocks, launch: MoeLaunch, all_blocks: int, n_cols: int,
-         device: torch.device) -> tuple[int]:
-    """One program per tile of the worst case's all_blocks x N tiles, or launch.persistent
-    programs per SM (at most one per tile) looping over the tiles in use."""
-    tiles = all_blocks * triton.cdiv(n_cols, launch.block_n)
-    if persistent(blocks, launch):
-        return (min(tiles, launch.persistent * num_sms(device)),)
-    return (tiles,)
-
-
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
     return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-                BLOCK_MAJOR=launch.block_major, PERSISTENT=persistent(blocks, launch),
-                DIRECT_K=blocks.direct_top_k,
+                BLOCK_MAJOR=launch.block_major, DIRECT_K=blocks.direct_top_k,
                 DIRECT_KP=next_pow2(max(blocks.direct_top_k, 1)), DOT_F32=interpreted(),
                 num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 @triton.jit
-def _program_tile(pid, all_blocks, n_cols, BLOCK_N: tl.constexpr, BLOCK_MAJOR: tl.constexpr):
-    """One program a tile: (block, N tile) of program `pid`. BLOCK_MAJOR: program ids run a
-    block's N tiles consecutively, then the next block's; else one N tile's blocks, then the
-    next N tile's. Either way the blocks of one expert run side by side and share its weight
-    tiles through L2."""
+def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows,
+                num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr):
+    """This program's tile: (its block's expert, -1 when unused; whether it is a block of the
+    shared expert (those follow the max_blocks routed ones); rows of h / y; row validity;
+    output columns (BLOCK_N,) of n_cols). The shared expert's rows are num_rows + t for its
+    num_shared tokens t. BLOCK_MAJOR: program ids run a block's N tiles consecutively, then
+    the next block's; else one N tile's blocks, then the next N tile's. Either way the blocks
+    of one expert run side by side and share its weight tiles through L2. DIRECT_K > 0: the
+    direct layout (ExpertBlocks), routed block e is expert e's (`_direct_rows`)."""
     if BLOCK_MAJOR:
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
-        return pid // n_tiles, pid % n_tiles
-    return pid % all_blocks, pid // all_blocks
-
-
-@triton.jit
-def _tiles_in_use(NumSlots, max_blocks, all_blocks, n_cols, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """A persistent launch's work: (routed blocks in use, tiles of those and of the shared
-    expert's blocks)."""
-    routed = tl.cdiv(tl.load(NumSlots), BLOCK_M)
-    return routed, (routed + all_blocks - max_blocks) * tl.cdiv(n_cols, BLOCK_N)
-
-
-@triton.jit
-def _persistent_tile(tile, routed, max_blocks, n_cols, BLOCK_N: tl.constexpr):
-    """Tile `tile` of the tiles in use, block-major: (block, N tile); the shared expert's
-    blocks (max_blocks ..) follow the `routed` routed blocks in use."""
-    n_tiles = tl.cdiv(n_cols, BLOCK_N)
-    b = tile // n_tiles
-    return tl.where(b < routed, b, max_blocks + b - routed), tile % n_tiles
-
-
-@triton.jit
-def _block_rows(SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
-                num_shared, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr):
-    """Tile (block, n_tile): (its block's expert, -1 when unused; whether it is a block of the
-    shared expert (those follow the max_blocks routed ones); rows of h / y; row validity;
-    output columns (BLOCK_N,)). The shared expert's rows are num_rows + t for its num_shared
-    tokens t. DIRECT_K > 0: the direct layout (ExpertBlocks), routed block e is expert e's
-    (`_direct_rows`)."""
+        block = tl.program_id(0) // n_tiles
+        n_tile = tl.program_id(0) % n_tiles
+    else:
+        block = tl.program_id(0) % all_blocks
+        n_tile = tl.program_id(0) // all_blocks
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     shared = block >= max_blocks
     m = tl.arange(0, BLOCK_M)
@@ -312,22 +270,6 @@ def _block_rows(SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, nu
                     routed_rows)  # (BLOCK_M,)
     valid = tl.where(shared, rows < num_rows + num_shared, rows < num_rows)
     return expert, shared, rows, valid, n
-
-
-@triton.jit
-def _tile(SortedRows, BlockExpert, NumSlots, index, routed, max_blocks, all_blocks, num_rows,
-          num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_MAJOR: tl.constexpr, PERSISTENT: tl.constexpr, DIRECT_K: tl.constexpr,
-          DIRECT_KP: tl.constexpr):
-    """`_block_rows` of tile `index`: with PERSISTENT the index-th tile in use
-    (`_persistent_tile`, `routed` routed blocks in use), else program `index` of the static
-    grid (`_program_tile`)."""
-    if PERSISTENT:
-        block, n_tile = _persistent_tile(index, routed, max_blocks, n_cols, BLOCK_N)
-    else:
-        block, n_tile = _program_tile(index, all_blocks, n_cols, BLOCK_N, BLOCK_MAJOR)
-    return _block_rows(SortedRows, BlockExpert, NumSlots, block, n_tile, max_blocks, num_rows,
-                       num_shared, BLOCK_M, BLOCK_N, DIRECT_K, DIRECT_KP)
 
 
 @triton.jit
@@ -348,108 +290,69 @@ def _direct_rows(Ids, expert, num_rows, K: tl.constexpr, KP: tl.constexpr,
 @triton.jit
 def _expert_weight(W, WShared, expert, shared, stride_we):
     """The block's weight: expert `expert` of W, or the shared expert's."""
-    return tl.where(shared, WShared, W + expert.to(tl.int64) * stride_we)
+    if shared:
+        w = WShared
+    else:
+        w = W + expert.to(tl.int64) * stride_we
+    return w
 
 
 @triton.jit
 def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_MAJOR: tl.constexpr, PERSISTENT: tl.constexpr, DIRECT_K: tl.constexpr,
-               DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
+               BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
+               DOT_F32: tl.constexpr):
     """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]); the
-    shared expert's rows num_rows + t: the same of token t through WShared. PERSISTENT: each
-    program loops over the tiles in use (one loop with the K steps: the compiler flattens it);
-    else the program is one tile of the static grid."""
-    if PERSISTENT:
-        routed, tiles = _tiles_in_use(NumSlots, max_blocks, all_blocks, inter, BLOCK_M,
-                                      BLOCK_N)
-        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
-            expert, shared, rows, valid, n = _tile(
-                SortedRows, BlockExpert, NumSlots, tile, routed, max_blocks, all_blocks,
-                num_rows, num_tokens, inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR, True, DIRECT_K,
-                DIRECT_KP)
-            _up_tile(X, W13, WShared, H, expert, shared, rows, valid, n, stride_we, num_rows,
-                     hidden, inter, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
-    else:
-        expert, shared, rows, valid, n = _tile(
-            SortedRows, BlockExpert, NumSlots, tl.program_id(0), 0, max_blocks, all_blocks,
-            num_rows, num_tokens, inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR, False, DIRECT_K,
-            DIRECT_KP)
-        if expert >= 0:
-            _up_tile(X, W13, WShared, H, expert, shared, rows, valid, n, stride_we, num_rows,
-                     hidden, inter, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
-
-
-@triton.jit
-def _up_tile(X, W13, WShared, H, expert, shared, rows, valid, n, stride_we, num_rows, hidden,
-             inter, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
-    """One tile of `_up_kernel` (expert >= 0)."""
-    n_ok = n < inter
-    tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
-    w = _expert_weight(W13, WShared, expert, shared, stride_we)
-    gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < hidden
-        a = tl.load(X + tokens[:, None] * hidden + kk[None, :],
-                    mask=valid[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        w_gate = tl.load(w + n[None, :] * hidden + kk[:, None], mask=w_mask, other=0.0)
-        w_up = tl.load(w + (inter + n[None, :]) * hidden + kk[:, None], mask=w_mask,
-                       other=0.0)  # (BLOCK_K, BLOCK_N)
-        gate += dot(a, w_gate, DOT_F32)
-        up += dot(a, w_up, DOT_F32)
-    h = gate * tl.sigmoid(gate) * up
-    tl.store(H + rows[:, None] * inter + n[None, :], h.to(H.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])
+    shared expert's rows num_rows + t: the same of token t through WShared."""
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_tokens,
+                                                 inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
+    if expert >= 0:
+        n_ok = n < inter
+        tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
+        w = _expert_weight(W13, WShared, expert, shared, stride_we)
+        gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < hidden
+            a = tl.load(X + tokens[:, None] * hidden + kk[None, :],
+                        mask=valid[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+            w_mask = k_ok[:, None] & n_ok[None, :]
+            w_gate = tl.load(w + n[None, :] * hidden + kk[:, None], mask=w_mask, other=0.0)
+            w_up = tl.load(w + (inter + n[None, :]) * hidden + kk[:, None], mask=w_mask,
+                           other=0.0)  # (BLOCK_K, BLOCK_N)
+            gate += dot(a, w_gate, DOT_F32)
+            up += dot(a, w_up, DOT_F32)
+        h = gate * tl.sigmoid(gate) * up
+        tl.store(H + rows[:, None] * inter + n[None, :], h.to(H.dtype.element_ty),
+                 mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
                  all_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
-                 PERSISTENT: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+                 DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
     """y[a, n] = h[a] . w2[e, n] (WShared for the shared expert's rows), accumulated in fp32,
-    stored in Y's dtype. PERSISTENT as in `_up_kernel`."""
-    if PERSISTENT:
-        routed, tiles = _tiles_in_use(NumSlots, max_blocks, all_blocks, hidden, BLOCK_M,
-                                      BLOCK_N)
-        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
-            expert, shared, rows, valid, n = _tile(
-                SortedRows, BlockExpert, NumSlots, tile, routed, max_blocks, all_blocks,
-                num_rows, num_shared, hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR, True, DIRECT_K,
-                DIRECT_KP)
-            _down_tile(H, W2, WShared, Y, expert, shared, rows, valid, n, stride_we, hidden,
-                       inter, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
-    else:
-        expert, shared, rows, valid, n = _tile(
-            SortedRows, BlockExpert, NumSlots, tl.program_id(0), 0, max_blocks, all_blocks,
-            num_rows, num_shared, hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR, False, DIRECT_K,
-            DIRECT_KP)
-        if expert >= 0:
-            _down_tile(H, W2, WShared, Y, expert, shared, rows, valid, n, stride_we, hidden,
-                       inter, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32)
-
-
-@triton.jit
-def _down_tile(H, W2, WShared, Y, expert, shared, rows, valid, n, stride_we, hidden, inter,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT_F32: tl.constexpr):
-    """One tile of `_down_kernel` (expert >= 0)."""
-    n_ok = n < hidden
-    w = _expert_weight(W2, WShared, expert, shared, stride_we)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, inter, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kk < inter
-        a = tl.load(H + rows[:, None] * inter + kk[None, :],
-                    mask=valid[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
-        wt = tl.load(w + n[None, :] * inter + kk[:, None],
-                     mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
-        acc += dot(a, wt, DOT_F32)
-    tl.store(Y + rows[:, None] * hidden + n[None, :], acc.to(Y.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])
+    stored in Y's dtype."""
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_shared,
+                                                 hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
+    if expert >= 0:
+        n_ok = n < hidden
+        w = _expert_weight(W2, WShared, expert, shared, stride_we)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < inter
+            a = tl.load(H + rows[:, None] * inter + kk[None, :],
+                        mask=valid[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+            wt = tl.load(w + n[None, :] * inter + kk[:, None],
+                         mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
+            acc += dot(a, wt, DOT_F32)
+        tl.store(Y + rows[:, None] * hidden + n[None, :], acc.to(Y.dtype.element_ty),
+                 mask=valid[:, None] & n_ok[None, :])

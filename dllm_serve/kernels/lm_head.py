@@ -14,9 +14,7 @@ shapes that depend only on (T, V, H) (graph-capturable, no host sync). Such rows
 1. `_head_kernel`: per (row tile, vocabulary tile) the GEMM tile in fp32, then its rows' max,
    first argmax and sum of exp(l - max) over the tile -> (T, tiles) partials. Program ids run
    one vocabulary tile's row tiles consecutively, so each weight tile comes from memory once
-   and the hidden states (T x H, a few MB) stay in L2. A persistent launch
-   (`HeadLaunch.persistent` programs per SM) loops over the asked rows' tiles in that order,
-   in one loop with the K steps, so a tile's epilogue overlaps the next tile's loads.
+   and the hidden states (T x H, a few MB) stay in L2.
 2. `_merge_kernel`: per asked row, the partials merged (step.py's `merge_partials`), written
    at the row's own index.
 Oracle: `reference_head_greedy` (the LM head's GEMM, then step.py's reference).
@@ -30,24 +28,21 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2, num_sms
+from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
 from dllm_serve.kernels.step import merge_partials
 from dllm_serve.kernels.triton_utils import dot
 
 
 @dataclass(frozen=True)
 class HeadLaunch:
-    """Rows and vocabulary entries per program, reduction step, warps and stages; `persistent`
-    > 0: that many programs per SM, each running one loop over the reduction steps of its
-    tiles (the tiles of the asked rows only), so the next tile's loads run during a tile's
-    epilogue. Any values are correct; they only change speed."""
+    """Rows and vocabulary entries per program, reduction step, warps and stages. Any values
+    are correct; they only change speed."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    persistent: int = 0
 
 
 # (most rows, launch): the first row whose bound holds T. The fastest of nine launches at
@@ -91,13 +86,10 @@ def head_greedy(hidden: torch.Tensor, weight: torch.Tensor, mask_id: int,
     part_max = torch.empty(t, tiles, dtype=torch.float32, device=dev)
     part_idx = torch.empty(t, tiles, dtype=torch.int32, device=dev)
     part_sum = torch.empty(t, tiles, dtype=torch.float32, device=dev)
-    programs = cdiv(t, run.block_m) * tiles
-    if run.persistent:
-        programs = min(programs, run.persistent * num_sms(dev))
-    _head_kernel[(programs,)](
+    _head_kernel[(cdiv(t, run.block_m) * tiles,)](
         hidden, weight, order, count, part_max, part_idx, part_sum, t, vocab, width, mask_id,
         tiles, ROUND=hidden.dtype != torch.float32, IEEE=hidden.dtype == torch.float32,
-        EVEN_K=width % run.block_k == 0, PERSISTENT=run.persistent > 0,
+        EVEN_K=width % run.block_k == 0,
         BLOCK_M=run.block_m, BLOCK_N=run.block_n, BLOCK_K=run.block_k, DOT_F32=interpreted(),
         num_warps=run.num_warps, num_stages=run.num_stages)
     _merge_kernel[(t,)](part_max, part_idx, part_sum, order, count, x, p, tiles, vocab, skip_id,
@@ -140,36 +132,16 @@ def _order_kernel(Asked, Order, Count, rows, HAS_ROWS: tl.constexpr, BLOCK: tl.c
 @triton.jit
 def _head_kernel(H, W, Order, Count, PartMax, PartIdx, PartSum, rows, vocab, width, mask_id,
                  tiles, ROUND: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-                 PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
-    """Per (row tile, vocabulary tile): partial (max, argmax, sum-exp) of its asked rows. One
-    program a tile (those past the asked rows return), or (PERSISTENT) each program loops
-    over the asked rows' tiles, one vocabulary tile's row tiles consecutively (one loop with
-    the K steps: the compiler flattens it)."""
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    """One (row tile, vocabulary tile): partial (max, argmax, sum-exp) of its asked rows."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(rows, BLOCK_M)
+    tile_n = pid // num_m
+    tile_m = pid % num_m
     count = tl.load(Count)
-    if PERSISTENT:
-        num_m = tl.cdiv(count, BLOCK_M)
-        for tile in tl.range(tl.program_id(0), num_m * tiles, tl.num_programs(0),
-                             flatten=True):
-            _head_tile(H, W, Order, PartMax, PartIdx, PartSum, tile // num_m, tile % num_m,
-                       count, vocab, width, mask_id, tiles, ROUND, IEEE, EVEN_K, BLOCK_M,
-                       BLOCK_N, BLOCK_K, DOT_F32)
-    else:
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(rows, BLOCK_M)
-        tile_m = pid % num_m
-        if tile_m * BLOCK_M < count:
-            _head_tile(H, W, Order, PartMax, PartIdx, PartSum, pid // num_m, tile_m, count,
-                       vocab, width, mask_id, tiles, ROUND, IEEE, EVEN_K, BLOCK_M, BLOCK_N,
-                       BLOCK_K, DOT_F32)
-
-
-@triton.jit
-def _head_tile(H, W, Order, PartMax, PartIdx, PartSum, tile_n, tile_m, count, vocab, width,
-               mask_id, tiles, ROUND: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT_F32: tl.constexpr):
-    """Tile (tile_n, tile_m) of `_head_kernel` (it holds asked rows)."""
+    if tile_m * BLOCK_M >= count:
+        return
     m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # positions in the asked order
     m_ok = m < count
     src = tl.load(Order + m, mask=m_ok, other=0).to(tl.int64)  # (BLOCK_M,) hidden rows

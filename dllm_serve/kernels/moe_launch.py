@@ -13,18 +13,14 @@ class MoeLaunch:
     stages of one grouped-GEMM launch, and the programs' order: `block_major` runs a block's
     N tiles at consecutive program ids (the block's input rows read once through L2), else
     one N tile's blocks (each N tile re-reads every block's input rows, which at thousands of
-    rows no longer stay in L2). `persistent` > 0: that many programs per SM, each running one
-    loop over the reduction steps of its tiles (block-major, the blocks in use only), so the
-    load pipeline runs on from one tile into the next instead of draining at every tile (the
-    sorted layout; the direct layout launches one program a tile). Any values are correct
-    (loads and stores are masked); they only change speed."""
+    rows no longer stay in L2). Any values are correct (loads and stores are masked); they
+    only change speed."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     block_major: bool = False
-    persistent: int = 0
 
 
 DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)

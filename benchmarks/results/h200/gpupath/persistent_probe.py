@@ -1,8 +1,9 @@
 """Persistent GEMMs whose K loop runs on across tiles (MoeLaunch.persistent for the expert
 GEMMs, HeadLaunch.persistent for the fused LM head), in rounds.
 
-    python3 benchmarks/moe_tune.py --tokens 512 1024 2048 ... --out moe_tune.json
-    python3 benchmarks/results/h200/gpupath/persistent_probe.py moe_tune.json OUT.json [TURNS]
+    git apply benchmarks/results/h200/gpupath/tried_flat_persistent_632e3e4.patch
+    python3 benchmarks/moe_tune.py --tokens 512 1024 2048 ... --persistent 0 1 2 3 --out mt.json
+    python3 benchmarks/results/h200/gpupath/persistent_probe.py mt.json OUT.json [TURNS]
 
 1. Experts: for each size the sweep measured (T = 512 / 1024 / 2048 tokens: the denoise
    buckets of 16 / 32 / 64 blocks), the best persistent launch of each kernel replaces the
