@@ -81,6 +81,7 @@ CASES = [  # (name, kernel, signature, constexprs, warps, stages, div16)
             BLOCK_K=64, DOT_F32=False), 8, 3, ("width", "vocab")) for p in PERSISTENT],
 ]
 
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dump", type=Path, default=None, help="write each case's TTGIR here")
