@@ -4,6 +4,7 @@ followed by the argmax / softmax confidence, on every asked row; rows not asked 
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from dllm_serve.dllm.algorithms.joint_threshold import JointThreshold, JointThre
 from dllm_serve.dllm.algorithms.low_confidence import LowConfidence, LowConfidenceConfig
 from dllm_serve.kernels.lm_head import (
     HeadLaunch,
-    choose_head_launch,
+    choose_head_launches,
     head_greedy,
     reference_head_greedy,
 )
@@ -84,6 +85,26 @@ def test_head_greedy_equals_the_gemm_then_argmax(tokens: int, width: int, vocab:
         assert (x == skip_id).all() and (p == 0).all()
 
 
+@pytest.mark.parametrize("asked", ["all", "some", "none"])
+@pytest.mark.parametrize("per_sm", [1, 3])
+def test_persistent_head_equals_one_program_a_tile(asked: str, per_sm: int) -> None:
+    """A few programs looping over the asked rows' tiles (the CPU counts as a few SMs: fewer
+    programs than tiles) give what one program a tile gives, bit for bit."""
+    tokens, width, vocab, mask_id = 37, 72, 301, 296
+    hidden, weight = planted(tokens, width, vocab, mask_id, torch.bfloat16, seed=5)
+    gen = torch.Generator().manual_seed(2)
+    rows = {"all": None, "some": torch.rand(tokens, generator=gen) < 0.5,
+            "none": torch.zeros(tokens, dtype=torch.bool)}[asked]
+    rows = None if rows is None else rows.to(DEVICE)
+    launch = dataclasses.replace(SMALL, persistent=per_sm)
+    x, p = head_greedy(hidden, weight, mask_id, rows, skip_id=7, launch=launch)
+    ref_x, ref_p = head_greedy(hidden, weight, mask_id, rows, skip_id=7, launch=SMALL)
+    assert torch.equal(x, ref_x) and torch.equal(p, ref_p)
+    ox, op = oracle(hidden, weight, mask_id, rows, 7)
+    assert torch.equal(x, ox)
+    torch.testing.assert_close(p, op, rtol=1e-5, atol=1e-6)
+
+
 def test_reference_rounds_the_logits_once() -> None:
     """The module's oracle is the GEMM in fp32 rounded to the model's dtype (round to
     nearest), then the step's argmax / confidence."""
@@ -111,8 +132,51 @@ def test_head_greedy_without_rows() -> None:
 
 
 def test_launch_table() -> None:
-    assert choose_head_launch(32).block_m <= 64
-    assert choose_head_launch(2048) == choose_head_launch(1 << 20)
+    """Each row's launches best first; the last of each is one any CUDA device holds."""
+    assert choose_head_launches(32)[0].block_m <= 64
+    assert choose_head_launches(2048) == choose_head_launches(1 << 20)
+    for rows in (32, 2048):
+        last = choose_head_launches(rows)[-1]
+        stage_bytes = (last.block_m + last.block_n) * last.block_k * 2  # bf16 operands
+        assert last.persistent == 0 and last.num_stages * stage_bytes <= 48 * 1024
+
+
+def test_a_head_launch_the_device_cannot_hold_falls_back(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A table launch whose compile fails for lack of shared memory is skipped for the next of
+    its row (kernels/launch_fit.py), with the same result; other errors propagate."""
+    from triton.runtime.errors import OutOfResources
+
+    from dllm_serve.kernels import lm_head
+    from dllm_serve.kernels.launch_fit import fell_back, forget
+
+    big = dataclasses.replace(SMALL, num_stages=9)
+    monkeypatch.setattr(lm_head, "HEAD_LAUNCHES", ((1 << 30, (big, SMALL)),))
+    real = lm_head._head_kernel
+    seen: list[int] = []
+
+    class Refusing:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["num_stages"])
+                if kwargs["num_stages"] == big.num_stages:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(lm_head, "_head_kernel", Refusing())
+    hidden, weight = planted(9, 40, 70, 3, torch.bfloat16, seed=1)
+    key = ("head", torch.bfloat16)
+    forget(key, big)
+    try:
+        x, p = head_greedy(hidden, weight, 3)
+        assert fell_back(key, big) and seen == [big.num_stages, SMALL.num_stages]
+        head_greedy(hidden, weight, 3)  # remembered: straight to the launch that fits
+        assert seen[2:] == [SMALL.num_stages]
+        ref_x, ref_p = head_greedy(hidden, weight, 3, launch=SMALL)
+        assert torch.equal(x, ref_x) and torch.equal(p, ref_p)
+    finally:
+        forget(key, big)
 
 
 @pytest.mark.gpu

@@ -538,7 +538,8 @@ def test_a_launch_too_big_for_the_device_falls_back_to_the_default() -> None:
     reruns with DEFAULT_LAUNCH and is remembered; any other launch error propagates."""
     from triton.runtime.errors import OutOfResources
 
-    from dllm_serve.kernels.fused_moe import _TOO_BIG, _run_fitting, fell_back
+    from dllm_serve.kernels.fused_moe import _run_fitting, fell_back
+    from dllm_serve.kernels.launch_fit import forget
     from dllm_serve.kernels.moe_launch import DEFAULT_LAUNCH, MoeLaunch
 
     big = MoeLaunch(block_n=256, block_k=256, num_warps=8, num_stages=5)
@@ -549,13 +550,13 @@ def test_a_launch_too_big_for_the_device_falls_back_to_the_default() -> None:
             raise OutOfResources(300_000, 232_448, "shared memory")
         ran.append(launch)
 
-    _TOO_BIG.discard(("up", 64, big))
+    forget(("up", 64), big)
     assert not fell_back("up", 64, big)
     _run_fitting("up", 64, big, go)
     _run_fitting("up", 64, big, go)  # remembered: straight to the default
     assert ran == [DEFAULT_LAUNCH, DEFAULT_LAUNCH] and fell_back("up", 64, big)
     assert not fell_back("down", 64, big) and not fell_back("up", 32, big)
-    _TOO_BIG.discard(("up", 64, big))
+    forget(("up", 64), big)
 
     def broken(launch: MoeLaunch) -> None:
         raise ValueError("not a resource problem")

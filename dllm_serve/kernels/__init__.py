@@ -26,6 +26,8 @@
   no fused kernel stored them);
   oracles `layers.norm`, `SelfAttention.norm_rope`, `layers.mlp.silu_and_mul`,
   `AttentionBackend.store`.
+- launch_fit (host side): of a launch table row's launches, the first the device's shared
+  memory holds (the tables are tuned on an H100 / H200).
 
 Importing this package registers the "triton" backends. Kernels run compiled on CUDA, or in
 Triton's interpreter on the CPU when TRITON_INTERPRET=1 was set before this import.

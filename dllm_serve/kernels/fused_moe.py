@@ -38,9 +38,8 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
-from dllm_serve.kernels import moe_align
+from dllm_serve.kernels import launch_fit, moe_align
 from dllm_serve.kernels.moe_align import (
     ExpertBlocks,
     align_by_expert,
@@ -202,31 +201,17 @@ def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: M
     return y
 
 
-_TOO_BIG: set[tuple[str, int, MoeLaunch]] = set()  # launches the device could not hold
-
-
 def fell_back(kernel: str, block_m: int, launch: MoeLaunch) -> bool:
     """True when `launch` of `kernel` ("up" / "down") at `block_m` did not fit the device and
     its calls ran DEFAULT_LAUNCH instead (benchmarks/moe_tune.py must not time it as itself)."""
-    return (kernel, block_m, launch) in _TOO_BIG
+    return launch_fit.fell_back((kernel, block_m), launch)
 
 
 def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
                  go: Callable[[MoeLaunch], None]) -> None:
     """go(launch), or go(DEFAULT_LAUNCH) when `launch` needs more shared memory than the device
-    has at this BLOCK_M (the table is tuned at one model's shapes). The compile failure comes
-    before anything runs, and is remembered: the next call goes straight to the default."""
-    key = (kernel, block_m, launch)
-    if key in _TOO_BIG:
-        go(DEFAULT_LAUNCH)
-        return
-    try:
-        go(launch)
-    except OutOfResources:
-        if launch == DEFAULT_LAUNCH:
-            raise
-        _TOO_BIG.add(key)
-        go(DEFAULT_LAUNCH)
+    has at this BLOCK_M (the table is tuned at one model's shapes; kernels/launch_fit.py)."""
+    launch_fit.run_fitting((kernel, block_m), (launch, DEFAULT_LAUNCH), go)
 
 
 def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:

@@ -14,7 +14,9 @@ shapes that depend only on (T, V, H) (graph-capturable, no host sync). Such rows
 1. `_head_kernel`: per (row tile, vocabulary tile) the GEMM tile in fp32, then its rows' max,
    first argmax and sum of exp(l - max) over the tile -> (T, tiles) partials. Program ids run
    one vocabulary tile's row tiles consecutively, so each weight tile comes from memory once
-   and the hidden states (T x H, a few MB) stay in L2.
+   and the hidden states (T x H, a few MB) stay in L2. A persistent launch
+   (`HeadLaunch.persistent` programs per SM) loops over the asked rows' tiles in that order,
+   in one loop with the K steps, so a tile's epilogue overlaps the next tile's loads.
 2. `_merge_kernel`: per asked row, the partials merged (step.py's `merge_partials`), written
    at the row's own index.
 Oracle: `reference_head_greedy` (the LM head's GEMM, then step.py's reference).
@@ -28,36 +30,51 @@ import torch
 import triton
 import triton.language as tl
 
-from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2
+from dllm_serve.kernels.launch_fit import run_fitting
+from dllm_serve.kernels.runtime import cdiv, check_device, interpreted, next_pow2, num_sms
 from dllm_serve.kernels.step import merge_partials
 from dllm_serve.kernels.triton_utils import dot
 
 
 @dataclass(frozen=True)
 class HeadLaunch:
-    """Rows and vocabulary entries per program, reduction step, warps and stages. Any values
-    are correct; they only change speed."""
+    """Rows and vocabulary entries per program, reduction step, warps and stages; `persistent`
+    > 0: that many programs per SM, each running one loop over the reduction steps of its
+    tiles (the tiles of the asked rows only), so the next tile's loads run during a tile's
+    epilogue. Any values are correct; they only change speed."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    persistent: int = 0
 
 
-# (most rows, launch): the first row whose bound holds T. The fastest of nine launches at
-# LLaDA2.0-mini's head on an H200, every row and half of them asked, T = 32 / 128 / 512 / 1024 /
-# 2048 (benchmarks/results/h200/gpupath/lm_head_probe_*.json): against cuBLAS's GEMM into bf16
-# logits + the step kernel 0.96 / 0.92 / 1.03 / 1.07 / 1.05x the time with every row asked,
-# 1.03 / 0.98 / 0.79 / 0.58 / 0.60x with half.
-HEAD_LAUNCHES: tuple[tuple[int, HeadLaunch], ...] = (
-    (64, HeadLaunch(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)),
-    (1 << 30, HeadLaunch(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)),
+# (most rows, launches best first): the first row whose bound holds T; of its launches the first
+# the device holds (kernels/launch_fit.py: the table is tuned on an H100 / H200, whose programs
+# may take 227 KB of shared memory). The fastest of nine launches at LLaDA2.0-mini's head on an
+# H200, every row and half of them asked, T = 32 / 128 / 512 / 1024 / 2048 (benchmarks/results/
+# h200/gpupath/lm_head_probe_*.json): against cuBLAS's GEMM into bf16 logits + the step kernel
+# 0.96 / 0.92 / 1.03 / 1.07 / 1.05x the time with every row asked, 1.03 / 0.98 / 0.79 / 0.58 /
+# 0.60x with half. Past 64 rows the same tiles as one program per SM at 4 stages (~196 KB), its
+# loop over tiles and K steps flattened so a tile's epilogue overlaps the next tile's loads: in
+# rounds on an H100 (gpupath/head_inround_probe.sh, two turns) the head took 322 / 1167 us
+# against 355 / 1317 one program a tile at B = 16 / 64 (prefix ~1k; 12.31 / 17.68-17.69 ms
+# rounds against 12.35-12.37 / 17.74-17.82); kernel alone 8-14% faster at 512-2048 rows
+# (persistent_rounds_h100_632e3e4.json).
+_ONE_A_TILE = HeadLaunch(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+_SMALL = HeadLaunch(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=2)  # 48 KB
+HEAD_LAUNCHES: tuple[tuple[int, tuple[HeadLaunch, ...]], ...] = (
+    (64, (HeadLaunch(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), _SMALL)),
+    (1 << 30, (HeadLaunch(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4,
+                          persistent=1), _ONE_A_TILE, _SMALL)),
 )
 
 
-def choose_head_launch(rows: int) -> HeadLaunch:
-    return next(launch for bound, launch in HEAD_LAUNCHES if rows <= bound)
+def choose_head_launches(rows: int) -> tuple[HeadLaunch, ...]:
+    """The table's launches for T = `rows`, best first."""
+    return next(launches for bound, launches in HEAD_LAUNCHES if rows <= bound)
 
 
 def head_greedy(hidden: torch.Tensor, weight: torch.Tensor, mask_id: int,
@@ -77,23 +94,33 @@ def head_greedy(hidden: torch.Tensor, weight: torch.Tensor, mask_id: int,
     if t == 0:
         return x, p
     hidden, weight = hidden.contiguous(), weight.contiguous()
-    run = launch or choose_head_launch(t)
     order = torch.empty(t, dtype=torch.int32, device=dev)
     count = torch.empty(1, dtype=torch.int32, device=dev)
     asked = x if rows is None else rows.reshape(t)  # x: an unread stand-in pointer
     _order_kernel[(1,)](asked, order, count, t, HAS_ROWS=rows is not None, BLOCK=next_pow2(t))
-    tiles = cdiv(vocab, run.block_n)
-    part_max = torch.empty(t, tiles, dtype=torch.float32, device=dev)
-    part_idx = torch.empty(t, tiles, dtype=torch.int32, device=dev)
-    part_sum = torch.empty(t, tiles, dtype=torch.float32, device=dev)
-    _head_kernel[(cdiv(t, run.block_m) * tiles,)](
-        hidden, weight, order, count, part_max, part_idx, part_sum, t, vocab, width, mask_id,
-        tiles, ROUND=hidden.dtype != torch.float32, IEEE=hidden.dtype == torch.float32,
-        EVEN_K=width % run.block_k == 0,
-        BLOCK_M=run.block_m, BLOCK_N=run.block_n, BLOCK_K=run.block_k, DOT_F32=interpreted(),
-        num_warps=run.num_warps, num_stages=run.num_stages)
-    _merge_kernel[(t,)](part_max, part_idx, part_sum, order, count, x, p, tiles, vocab, skip_id,
-                        BLOCK=next_pow2(tiles), num_warps=4)
+
+    def go(run: HeadLaunch) -> None:
+        tiles = cdiv(vocab, run.block_n)
+        part_max = torch.empty(t, tiles, dtype=torch.float32, device=dev)
+        part_idx = torch.empty(t, tiles, dtype=torch.int32, device=dev)
+        part_sum = torch.empty(t, tiles, dtype=torch.float32, device=dev)
+        programs = cdiv(t, run.block_m) * tiles
+        if run.persistent:
+            programs = min(programs, run.persistent * num_sms(dev))
+        _head_kernel[(programs,)](
+            hidden, weight, order, count, part_max, part_idx, part_sum, t, vocab, width,
+            mask_id, tiles, ROUND=hidden.dtype != torch.float32,
+            IEEE=hidden.dtype == torch.float32, EVEN_K=width % run.block_k == 0,
+            PERSISTENT=run.persistent > 0, BLOCK_M=run.block_m, BLOCK_N=run.block_n,
+            BLOCK_K=run.block_k, DOT_F32=interpreted(), num_warps=run.num_warps,
+            num_stages=run.num_stages)
+        _merge_kernel[(t,)](part_max, part_idx, part_sum, order, count, x, p, tiles, vocab,
+                            skip_id, BLOCK=next_pow2(tiles), num_warps=4)
+
+    if launch is not None:
+        go(launch)
+    else:
+        run_fitting(("head", hidden.dtype), choose_head_launches(t), go)
     return x, p
 
 
@@ -132,16 +159,36 @@ def _order_kernel(Asked, Order, Count, rows, HAS_ROWS: tl.constexpr, BLOCK: tl.c
 @triton.jit
 def _head_kernel(H, W, Order, Count, PartMax, PartIdx, PartSum, rows, vocab, width, mask_id,
                  tiles, ROUND: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """One (row tile, vocabulary tile): partial (max, argmax, sum-exp) of its asked rows."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(rows, BLOCK_M)
-    tile_n = pid // num_m
-    tile_m = pid % num_m
+                 PERSISTENT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+    """Per (row tile, vocabulary tile): partial (max, argmax, sum-exp) of its asked rows. One
+    program a tile (those past the asked rows return), or (PERSISTENT) each program loops
+    over the asked rows' tiles, one vocabulary tile's row tiles consecutively (one loop with
+    the K steps: the compiler flattens it)."""
     count = tl.load(Count)
-    if tile_m * BLOCK_M >= count:
-        return
+    if PERSISTENT:
+        num_m = tl.cdiv(count, BLOCK_M)
+        for tile in tl.range(tl.program_id(0), num_m * tiles, tl.num_programs(0),
+                             flatten=True):
+            _head_tile(H, W, Order, PartMax, PartIdx, PartSum, tile // num_m, tile % num_m,
+                       count, vocab, width, mask_id, tiles, ROUND, IEEE, EVEN_K, BLOCK_M,
+                       BLOCK_N, BLOCK_K, DOT_F32)
+    else:
+        pid = tl.program_id(0)
+        num_m = tl.cdiv(rows, BLOCK_M)
+        tile_m = pid % num_m
+        if tile_m * BLOCK_M < count:
+            _head_tile(H, W, Order, PartMax, PartIdx, PartSum, pid // num_m, tile_m, count,
+                       vocab, width, mask_id, tiles, ROUND, IEEE, EVEN_K, BLOCK_M, BLOCK_N,
+                       BLOCK_K, DOT_F32)
+
+
+@triton.jit
+def _head_tile(H, W, Order, PartMax, PartIdx, PartSum, tile_n, tile_m, count, vocab, width,
+               mask_id, tiles, ROUND: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT_F32: tl.constexpr):
+    """Tile (tile_n, tile_m) of `_head_kernel` (it holds asked rows)."""
     m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # positions in the asked order
     m_ok = m < count
     src = tl.load(Order + m, mask=m_ok, other=0).to(tl.int64)  # (BLOCK_M,) hidden rows

@@ -7,9 +7,10 @@ same passes: `pip install triton==3.6.0` in a separate environment) and torch fo
 
     python benchmarks/results/h200/gpupath/sm90_compile.py [--dump DIR]
 
-With tried_flat_persistent_632e3e4.patch applied (`git apply`), the persistent variants too: their
-flattened loops (MoeLaunch.persistent, HeadLaunch.persistent) show as one pipelined scf.for (plus
-an unpipelined copy the flattening keeps for an empty inner loop).
+The LM head both ways, one program a tile and persistent (HeadLaunch.persistent, served past 64
+rows since 2026-12-06): its flattened loop shows as one pipelined scf.for (plus an unpipelined
+copy the flattening keeps for an empty inner loop). The expert GEMMs' persistent variants were
+tried_flat_persistent_632e3e4.patch (this script at 17e0903 compiles them with it applied).
 """
 
 import argparse
@@ -60,25 +61,18 @@ HEAD = {"H": "*bf16", "W": "*bf16", "Order": "*i32", "Count": "*i32", "PartMax":
         "PartIdx": "*i32", "PartSum": "*fp32", "rows": "i32", "vocab": "i32", "width": "i32",
         "mask_id": "i32", "tiles": "i32"}
 MOE_CONST = {"BLOCK_MAJOR": True, "DIRECT_K": 0, "DIRECT_KP": 1, "DOT_F32": False}
-# with tried_flat_persistent_632e3e4.patch applied the kernels take PERSISTENT: both variants
-PERSISTENT = ((False, True) if "PERSISTENT" in fused_moe._down_kernel.arg_names else (None,))
-
-
-def flag(p: bool | None) -> dict:
-    return {} if p is None else {"PERSISTENT": p}
-
-
 CASES = [  # (name, kernel, signature, constexprs, warps, stages, div16)
-    *[(f"down bm{bm} bn{bn} bk{bk} w{w} s{s} persistent={p}", fused_moe._down_kernel, DOWN,
-       dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **flag(p), **MOE_CONST), w, s,
+    *[(f"down bm{bm} bn{bn} bk{bk} w{w} s{s}", fused_moe._down_kernel, DOWN,
+       dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **MOE_CONST), w, s,
        ("stride_we", "hidden", "inter"))
-      for bm, bn, bk, w, s in ((32, 64, 128, 4, 3), (64, 128, 64, 8, 3)) for p in PERSISTENT],
-    *[(f"up bm64 bn64 bk64 w4 s3 persistent={p}", fused_moe._up_kernel, UP,
-       dict(TOP_K=8, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, **flag(p), **MOE_CONST), 4, 3,
-       ("stride_we", "hidden", "inter")) for p in PERSISTENT],
-    *[(f"head bm128 bn256 bk64 w8 s3 persistent={p}", lm_head._head_kernel, HEAD,
-       dict(ROUND=True, IEEE=False, EVEN_K=True, **flag(p), BLOCK_M=128, BLOCK_N=256,
-            BLOCK_K=64, DOT_F32=False), 8, 3, ("width", "vocab")) for p in PERSISTENT],
+      for bm, bn, bk, w, s in ((32, 64, 128, 4, 3), (64, 128, 64, 8, 3))],
+    ("up bm64 bn64 bk64 w4 s3", fused_moe._up_kernel, UP,
+     dict(TOP_K=8, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, **MOE_CONST), 4, 3,
+     ("stride_we", "hidden", "inter")),
+    *[(f"head bm128 bn256 bk64 w8 s{s} persistent={p}", lm_head._head_kernel, HEAD,
+       dict(ROUND=True, IEEE=False, EVEN_K=True, PERSISTENT=p, BLOCK_M=128, BLOCK_N=256,
+            BLOCK_K=64, DOT_F32=False), 8, s, ("width", "vocab"))
+      for p, s in ((False, 3), (True, 4))],
 ]
 
 
