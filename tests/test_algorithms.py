@@ -207,11 +207,12 @@ def test_unknown_setting_is_an_error() -> None:
 
 
 def test_validate_request_params() -> None:
-    assert JointThreshold.validate_request_params({"edit_threshold": 1}) == {"edit_threshold": 1.0}
+    checked = JointThreshold.settings().validate_request_params({"edit_threshold": 1})
+    assert checked == {"edit_threshold": 1.0}
     with pytest.raises(ValueError, match="dllm_edit_threshold is not a setting of LowConfidence"):
-        LowConfidence.validate_request_params({"edit_threshold": 0.5})
+        LowConfidence.settings().validate_request_params({"edit_threshold": 0.5})
     with pytest.raises(ValueError, match="must be a number"):
-        LowConfidence.validate_request_params({"threshold": "high"})
+        LowConfidence.settings().validate_request_params({"threshold": "high"})
 
 
 @pytest.mark.parametrize("values,match", [
@@ -225,9 +226,9 @@ def test_request_params_are_range_checked_like_the_config(values: dict, match: s
     """Regression: per-request settings skipped the config's checks (NaN and 1.5 were served,
     a huge int was a 500)."""
     with pytest.raises(ValueError, match=match):
-        LowConfidence.validate_request_params(values)
+        LowConfidence.settings().validate_request_params(values)
     with pytest.raises(ValueError, match="edit_threshold"):
-        JointThreshold.validate_request_params({"edit_threshold": -1})
+        JointThreshold.settings().validate_request_params({"edit_threshold": -1})
 
 
 def test_sampling_is_seeded_and_greedy_by_default() -> None:

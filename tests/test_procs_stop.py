@@ -26,8 +26,8 @@ def sleeper(seconds: float, ignore_sigterm: bool, ready: str) -> None:
 def start(tmp_path: Path, seconds: float, ignore_sigterm: bool) -> ProcessSet:
     """A child that sleeps `seconds`, once it has installed its handler."""
     ready = tmp_path / "ready"
-    procs = ProcessSet(Addresses.fresh(), spawn({"child": (sleeper, (seconds, ignore_sigterm,
-                                                                    str(ready)))}))
+    procs = ProcessSet(Addresses.fresh(), spawn({"child": (f"{__name__}:sleeper", (
+        seconds, ignore_sigterm, str(ready)))}))
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -78,12 +78,14 @@ def ends(how: str) -> None:
 
 
 def test_a_child_leaves_with_its_own_exit_code() -> None:
-    """_child_main ends every child with os._exit: 0 when fn returns, SystemExit's code, 1 when
-    fn fails (its traceback printed first, as multiprocessing would)."""
-    procs = ProcessSet(Addresses.fresh(), spawn({h: (ends, (h,)) for h in ("return", "exit",
-                                                                            "raise")}))
+    """_child_main ends every child with os._exit: 0 when its entry point returns, SystemExit's
+    code, 1 when it fails (its traceback printed first, as multiprocessing would); an entry
+    point that is not "module:function" fails the same way."""
+    entries = {h: (f"{__name__}:ends", (h,)) for h in ("return", "exit", "raise")}
+    entries["unnamed"] = (f"{__name__}.ends", ("return",))
+    procs = ProcessSet(Addresses.fresh(), spawn(entries))
     for p in procs.procs.values():
         p.join(60)
     codes = {name: p.exitcode for name, p in procs.procs.items()}
     procs.kill()
-    assert codes == {"return": 0, "exit": 3, "raise": 1}
+    assert codes == {"return": 0, "exit": 3, "raise": 1, "unnamed": 1}

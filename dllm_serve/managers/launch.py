@@ -13,8 +13,6 @@ from dllm_serve.errors import EngineDeadError
 from dllm_serve.managers.ipc import Addresses, Receiver
 from dllm_serve.managers.messages import Fatal, Ready
 from dllm_serve.managers.procs import ProcessSet, spawn
-from dllm_serve.managers.scheduler_main import run_scheduler_process
-from dllm_serve.managers.worker_main import run_worker_process
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +27,9 @@ def launch(config: EngineConfig, ctx: zmq.Context,
     addrs = Addresses.fresh()
     rx = Receiver(ctx, addrs.to_front)
     procs = ProcessSet(addrs, spawn({
-        "scheduler": (run_scheduler_process, (config.scheduler(), addrs)),
-        "worker": (run_worker_process, (config.worker(), addrs)),
+        "scheduler": ("dllm_serve.managers.scheduler_main:run_scheduler_process",
+                      (config.scheduler(), addrs)),
+        "worker": ("dllm_serve.managers.worker_main:run_worker_process", (config, addrs)),
     }))
     try:
         return procs, rx, wait_ready(procs, rx, config.args.startup_timeout)

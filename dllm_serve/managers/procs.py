@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import logging
 import multiprocessing as mp
 import os
@@ -68,21 +69,24 @@ class ProcessSet:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def spawn(targets: dict[str, tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[
-        str, mp.process.BaseProcess]:
+def spawn(targets: dict[str, tuple[str, tuple[Any, ...]]]) -> dict[str, mp.process.BaseProcess]:
+    """One child per `name: ("package.module:function", args)`. The entry point is named, not
+    passed: the child imports its module, the parent never does (the front stays without
+    torch and Triton, which the scheduler and the worker import)."""
     ctx = mp.get_context("spawn")
     procs = {}
-    for name, (fn, args) in targets.items():
-        p = ctx.Process(target=_child_main, args=(fn, args), name=f"dllm-serve-{name}",
+    for name, (entry, args) in targets.items():
+        p = ctx.Process(target=_child_main, args=(entry, args), name=f"dllm-serve-{name}",
                         daemon=True)
         p.start()
         procs[name] = p
     return procs
 
 
-def _child_main(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-    """A child ignores SIGINT: Ctrl-C in a terminal reaches the whole process group, and it is
-    the parent that decides how to stop (drain, then shut the children down). When fn is over
+def _child_main(entry: str, args: tuple[Any, ...]) -> None:
+    """Run `entry` ("package.module:function") with args. A child ignores SIGINT: Ctrl-C in a
+    terminal reaches the whole process group, and it is the parent that decides how to stop
+    (drain, then shut the children down). When it is over
     (returned, SystemExit, or failed: its traceback printed) the child flushes its logs and
     leaves with os._exit, without the interpreter's teardown: the children's loops write out
     what they hold before they return (the worker's trace), and tearing down the startup's
@@ -91,7 +95,8 @@ def _child_main(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 1
     try:
-        fn(*args)
+        module, function = entry.split(":")
+        getattr(importlib.import_module(module), function)(*args)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else int(e.code is not None)

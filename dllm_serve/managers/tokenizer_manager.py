@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dllm_serve.dllm.algorithms import algorithm_class
+from dllm_serve.dllm.algorithm_settings import settings_of
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.detokenizer import IncrementalDetokenizer
@@ -90,7 +90,7 @@ class TokenizerManager:
         self.args = config.args
         self.tokenizer = Tokenizer.load(config.tokenizer_path)
         self.model_config = config.model
-        self.algorithm = algorithm_class(config.args.dllm_algorithm)
+        self.algorithm = settings_of(config.args.dllm_algorithm)  # no torch in the front
         self.context_length = self.config.context_length
         self.ctx = zmq.Context()
         self.procs, self.rx, self.ready_info = launch(self.config, self.ctx)

@@ -17,7 +17,7 @@ import torch
 import zmq
 
 from dllm_serve.dllm.algorithms import build_algorithm
-from dllm_serve.engine_config import WorkerConfig
+from dllm_serve.engine_config import EngineConfig, WorkerConfig
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import Shutdown, WorkerBatch, WorkerFailed, WorkerReady, WorkItem
 from dllm_serve.managers.procs import (
@@ -39,7 +39,11 @@ PROFILE_ENV = "DLLM_SERVE_PROFILE_WORKER"  # a cProfile of the loop (procs.profi
 SETTLE_AFTER_MS = 5
 
 
-def run_worker_process(cfg: WorkerConfig, addrs: Addresses) -> None:
+def run_worker_process(config: EngineConfig, addrs: Addresses) -> None:
+    """The worker's entry (managers/launch.py). Its config is resolved here, not in the front:
+    the device ("auto": torch.cuda.is_available()) and what follows from it need torch, which
+    only the scheduler and the worker import."""
+    cfg = config.worker()
     setup_logging(cfg.log_level)
     warn_long_gc(cfg.gc_warning_s)
     die_with_parent()

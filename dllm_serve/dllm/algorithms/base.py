@@ -28,18 +28,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from dllm_serve.dllm.algorithm_settings import AlgorithmConfig, Settings
 from dllm_serve.dllm.batch import DenoiseBatch
 from dllm_serve.dllm.sampling import sample_rows
 from dllm_serve.model.head import HeadInput, Scores, as_logits
-from dllm_serve.sampling_params import is_finite_number
 
 State = dict[str, torch.Tensor]  # batched per-block state, every tensor with leading dim N
 RowState = dict[str, np.ndarray]  # one block's state, as stored by the scheduler (opaque to it)
-
-
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """Base of each algorithm's frozen settings dataclass (loaded from the YAML)."""
 
 
 @dataclass
@@ -92,23 +87,10 @@ class DllmAlgorithm(ABC):
         return cls.Config(**settings)
 
     @classmethod
-    def validate_request_params(cls, values: dict[str, Any]) -> dict[str, float]:
-        """Check per-request overrides (names without the dllm_ prefix) with the settings' own
-        range checks; raise ValueError."""
-        out = {}
-        for name, value in values.items():
-            if name not in cls.request_params:
-                allowed = ", ".join(f"dllm_{p}" for p in cls.request_params) or "none"
-                raise ValueError(f"dllm_{name} is not a setting of {cls.__name__} "
-                                 f"(per-request settings: {allowed})")
-            if not is_finite_number(value):
-                raise ValueError(f"dllm_{name} must be a number, got {value!r}")
-            try:
-                cls.Config(**{name: float(value)})
-            except ValueError as e:
-                raise ValueError(f"dllm_{name}: {e}") from None
-            out[name] = float(value)
-        return out
+    def settings(cls) -> Settings:
+        """Its Config and request_params, as the front checks a request's dllm_* overrides
+        (dllm/algorithm_settings.py)."""
+        return Settings(cls.__name__, cls.Config, cls.request_params)
 
     # ---- what subclasses implement -------------------------------------------------------
 

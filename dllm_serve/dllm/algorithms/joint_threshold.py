@@ -14,12 +14,10 @@ more than max_post_edit_steps steps without masks. An edit_threshold above 1 dis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from dllm_serve.dllm.algorithm_settings import JOINT_THRESHOLD, JointThresholdConfig
 from dllm_serve.dllm.algorithms.base import (
-    AlgorithmConfig,
     DenoiseBatch,
     DllmAlgorithm,
     Scores,
@@ -31,29 +29,11 @@ from dllm_serve.kernels.commit import commit_joint, threshold_of
 from dllm_serve.model.head import as_logits
 
 
-@dataclass(frozen=True)
-class JointThresholdConfig(AlgorithmConfig):
-    threshold: float = 0.5
-    edit_threshold: float = 0.0
-    max_post_edit_steps: int = 16
-    penalty_lambda: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"JointThreshold threshold must be in [0, 1], got {self.threshold}")
-        if self.edit_threshold < 0.0:
-            raise ValueError(f"edit_threshold must be >= 0, got {self.edit_threshold}")
-        if self.max_post_edit_steps < 0:
-            raise ValueError(f"max_post_edit_steps must be >= 0, got {self.max_post_edit_steps}")
-        if self.penalty_lambda < 0.0:
-            raise ValueError(f"penalty_lambda must be >= 0, got {self.penalty_lambda}")
-
-
 @ALGORITHMS.register()
 class JointThreshold(DllmAlgorithm):
     Config = JointThresholdConfig
     config: JointThresholdConfig
-    request_params = ("threshold", "edit_threshold")
+    request_params = JOINT_THRESHOLD.request_params
 
     def init_step_state(self, block_ids: torch.Tensor) -> State:
         size = block_ids.shape[0]

@@ -7,12 +7,10 @@ steps plus the done-on-entry step. Tokens already written are never changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from dllm_serve.dllm.algorithm_settings import LOW_CONFIDENCE, LowConfidenceConfig
 from dllm_serve.dllm.algorithms.base import (
-    AlgorithmConfig,
     DenoiseBatch,
     DllmAlgorithm,
     Scores,
@@ -23,20 +21,11 @@ from dllm_serve.dllm.algorithms.registry import ALGORITHMS
 from dllm_serve.kernels.commit import commit_confident, threshold_of
 
 
-@dataclass(frozen=True)
-class LowConfidenceConfig(AlgorithmConfig):
-    threshold: float = 0.95
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"LowConfidence threshold must be in [0, 1], got {self.threshold}")
-
-
 @ALGORITHMS.register()
 class LowConfidence(DllmAlgorithm):
     Config = LowConfidenceConfig
     config: LowConfidenceConfig
-    request_params = ("threshold",)
+    request_params = LOW_CONFIDENCE.request_params
 
     def step(self, batch: DenoiseBatch, full_logits: Scores,
              state: State | None) -> StepOutput:
