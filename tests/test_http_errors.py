@@ -171,6 +171,41 @@ def test_a_client_gone_before_its_body_arrived_is_not_an_internal_error() -> Non
     assert err.value.status == 400 and "disconnected" in err.value.message
 
 
+def test_a_large_body_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """parse_request: a body past PARSE_INLINE_BYTES is parsed in another thread (its errors
+    still a 400 APIError); a small one on the loop's own thread."""
+    import asyncio
+    import threading
+
+    from dllm_serve.http import body as body_mod
+    from dllm_serve.http.errors import APIError
+    from dllm_serve.http.protocol import GenerateRequest
+
+    threads: list[int] = []
+    real = body_mod.parse_body
+
+    def recording(model: Any, raw: bytes) -> Any:
+        threads.append(threading.get_ident())
+        return real(model, raw)
+
+    monkeypatch.setattr(body_mod, "parse_body", recording)
+    big = json.dumps({"input_ids": [list(range(1000))] * 20}).encode()
+    assert len(big) > body_mod.PARSE_INLINE_BYTES
+
+    async def both() -> tuple[int, Any, Any]:
+        small = await body_mod.parse_request(GenerateRequest, b'{"text": "hi"}')
+        large = await body_mod.parse_request(GenerateRequest, big)
+        return threading.get_ident(), small, large
+
+    loop_thread, small, large = asyncio.run(both())
+    assert small.text == "hi" and len(large.input_ids) == 20
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+    bad = b'{"input_ids": [' + b"1, " * 30000 + b"]"
+    with pytest.raises(APIError) as err:
+        asyncio.run(body_mod.parse_request(GenerateRequest, bad))
+    assert err.value.status == 400 and "not valid JSON" in err.value.message
+
+
 def test_unknown_model_is_404(server: Server) -> None:
     for path, body in ((CMPL, {"prompt": "x"}), (CHAT, {"messages": USER})):
         err = assert_error(server.post(path, {**body, "model": "gpt-9"}), 404, "gpt-9")

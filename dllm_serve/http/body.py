@@ -8,6 +8,7 @@ documents for the route.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import TypeVar
@@ -21,6 +22,10 @@ M = TypeVar("M", bound=BaseModel)
 
 JSON_TYPES = ("application/json",)
 MAX_DEPTH = 64  # OpenAI's bodies need about 5 levels
+# Bodies up to this size are parsed on the event loop (a thread hop costs more than they do);
+# larger ones in a thread: 3.5 MB of /generate input_ids (256 prompts x 2000 ids) took 92 ms
+# to parse and validate on a 2-core CPU, a pause in every other client's stream.
+PARSE_INLINE_BYTES = 64 * 1024
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -47,6 +52,14 @@ async def read_json(request: Request, limit: int) -> bytes:
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"Payload Too Large: the body exceeds {limit} bytes "
                     f"(--max-payload-size).")
+
+
+async def parse_request(model: type[M], body: bytes) -> M:
+    """`parse_body`, off the event loop for a body past PARSE_INLINE_BYTES (json.loads holds
+    the GIL, but hands it to the loop's thread between its switch intervals)."""
+    if len(body) <= PARSE_INLINE_BYTES:
+        return parse_body(model, body)
+    return await asyncio.to_thread(parse_body, model, body)
 
 
 def parse_body(model: type[M], body: bytes) -> M:

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from dllm_serve.engine import expand_n, normalize_prompts, per_prompt_params, result_dict
 from dllm_serve.errors import RequestError
-from dllm_serve.http.body import parse_body
+from dllm_serve.http.body import parse_request
 from dllm_serve.http.bridge import Choice, Generation, tokenized, until_disconnected
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
@@ -33,7 +33,7 @@ from dllm_serve.request_fields import GENERATE
 
 
 async def generate(ctx: ServerContext, request: Request, body: bytes) -> Response:
-    req = parse_body(GenerateRequest, body)
+    req = await parse_request(GenerateRequest, body)
     check_fields(req, GENERATE)
     front = ctx.require_front()
     batch, prompts = normalize_prompts(req.text, req.input_ids)
@@ -90,7 +90,7 @@ async def _chunks(gen: Generation, incremental: bool) -> AsyncIterator[dict[str,
 
 async def abort_request(ctx: ServerContext, body: bytes) -> Response:
     """Abort one request by rid, or all; 200 either way (an unknown rid is a no-op)."""
-    req = parse_body(AbortRequest, body)
+    req = await parse_request(AbortRequest, body)
     if req.rid is None and not req.abort_all:
         raise RequestError("Give rid or abort_all=true.", param="rid")
     ctx.require_front().abort(req.rid, req.abort_all)

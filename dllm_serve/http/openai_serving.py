@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dllm_serve.errors import RequestError
-from dllm_serve.http.body import parse_body
+from dllm_serve.http.body import parse_request
 from dllm_serve.http.bridge import Choice, Generation, Update, tokenized, until_disconnected
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import raise_if_failed
@@ -56,7 +56,7 @@ class Head:
 
 
 async def create_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
-    req = parse_body(CompletionRequest, body)
+    req = await parse_request(CompletionRequest, body)
     ctx.check_model(req.model)
     overrides = unused_and_overrides(req, OPENAI)
     front = ctx.require_front()
@@ -67,7 +67,7 @@ async def create_completion(ctx: ServerContext, request: Request, body: bytes) -
 
 
 async def create_chat_completion(ctx: ServerContext, request: Request, body: bytes) -> Response:
-    req = parse_body(ChatCompletionRequest, body)
+    req = await parse_request(ChatCompletionRequest, body)
     ctx.check_model(req.model)
     overrides = unused_and_overrides(req, CHAT)
     front = ctx.require_front()
