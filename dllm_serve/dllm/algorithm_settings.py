@@ -6,8 +6,8 @@ Each algorithm's frozen settings dataclass (its `Config`, loaded from the YAML, 
 so for a built-in algorithm it never imports the step code and torch with it (that is the
 scheduler's and the worker's); a plugin algorithm (`module:Class`) is imported to be checked.
 The step classes (algorithms/low_confidence.py, algorithms/joint_threshold.py) take their
-Config and request_params from the `BUILTIN` entries; tests/test_algorithms.py checks the
-registry agrees. (Outside the algorithms package: importing that package imports the step
+Config and request_params from here; tests/test_front_without_torch.py checks that `BUILTIN`
+and the registry agree. (Outside the algorithms package: importing that package imports the step
 code.)
 """
 
