@@ -126,7 +126,8 @@ def test_metrics(server: Server) -> None:
                  "dllm:time_to_first_block_seconds", "dllm:e2e_request_latency_seconds",
                  "dllm:inter_block_latency_seconds", "dllm:inter_token_latency_seconds",
                  "dllm:forwards_per_block", "dllm:prompt_tokens", "dllm:generation_tokens",
-                 "dllm:denoise_rounds", "dllm:inplace_reloops"):
+                 "dllm:denoise_rounds", "dllm:inplace_reloops",
+                 "dllm:kernel_compiles_after_ready"):
         assert name in families, name
     assert 'model_name="tiny"' in text and "_bucket{" in text and "_sum{" in text
 
@@ -136,6 +137,9 @@ def test_metrics(server: Server) -> None:
     assert value("dllm:generation_tokens", "dllm:generation_tokens_total") >= 40
     assert value("dllm:forwards_per_block", "dllm:forwards_per_block_count") >= 2
     assert value("dllm:kv_pages_used", "dllm:kv_pages_used") == 0
+    # the CPU server runs no Triton kernel: nothing compiles after ready
+    assert value("dllm:kernel_compiles_after_ready",
+                 "dllm:kernel_compiles_after_ready_total") == 0
     # 40 tokens in 2 blocks: 1 inter-block gap, observed once per token of the second block.
     gaps = value("dllm:inter_block_latency_seconds", "dllm:inter_block_latency_seconds_count")
     per_token = value("dllm:inter_token_latency_seconds", "dllm:inter_token_latency_seconds_count")

@@ -38,6 +38,9 @@ SCHEDULER_COUNTERS = {
                         "denoise round because no block of the batch had finished (FDFO)."),
     "forwards": ("dllm:forwards", "Model forwards run (prefill and denoise)."),
     "committed_blocks": ("dllm:committed_blocks", "Generation blocks committed."),
+    "kernel_compiles_after_ready": ("dllm:kernel_compiles_after_ready", "Triton kernels "
+                                    "compiled after the worker was ready (each a serving stall "
+                                    "the warm-up should have prevented; the worker logs which)."),
 }
 # Radix cache counters (server_info's radix_cache): key -> (metric name, help).
 CACHE_COUNTERS = {

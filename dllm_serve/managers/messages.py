@@ -312,7 +312,8 @@ class Failed:
 class WorkerReport:
     """What happened since the worker's previous report. Counters: denoise forwards, prefill
     forwards, rounds (forwards after which a block retired), block_steps (active blocks summed
-    over forwards) and idle_block_steps (of which blocks past their final forward, waiting)."""
+    over forwards), idle_block_steps (of which blocks past their final forward, waiting) and
+    compiles (Triton kernels compiled after ready: kernels/compile_watch.py)."""
 
     retired: Retired | None = None
     preempted: list[Preempted] = field(default_factory=list)
@@ -322,6 +323,7 @@ class WorkerReport:
     rounds: int = 0
     block_steps: int = 0
     idle_block_steps: int = 0
+    compiles: int = 0
 
     @property
     def has_results(self) -> bool:

@@ -9,6 +9,8 @@ With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON line
   item);
 - per collection of the cyclic garbage collector ("gc"): gen, t0 / t1, collected (a pause
   of the host inside whatever it was doing);
+- per Triton compile after ready ("compile"): t0 / t1, kernel (its signature; a compile is a
+  stall the warm-up should have prevented: kernels/compile_watch.py);
 - per loop iteration with work ("host"): t0 / t1 and wait_ms, the part of it the host spent
   blocked on the device (reading a step back), so t1 - t0 - wait_ms is host work; phases_ms
   splits it: applying the scheduler's changes (prefill launches among them), join + launch,
@@ -88,6 +90,11 @@ class Tracer:
         worker's split of it (Worker.phase_s: changes, launch, collect incl. the wait)."""
         self._write({"kind": "host", "t0": t0, "t1": t1, "wait_ms": 1e3 * wait_s,
                      "phases_ms": [1e3 * p for p in phases_s]})
+
+    def compile(self, kernel: str, seconds: float) -> None:
+        """A Triton compile after ready (kernels/compile_watch.py), ending now."""
+        now = time.monotonic()
+        self._write({"kind": "compile", "t0": now - seconds, "t1": now, "kernel": kernel})
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":

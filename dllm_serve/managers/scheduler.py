@@ -68,7 +68,8 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self._stop_arrays: dict[frozenset[int], np.ndarray] = {}  # ReqSettings.stop_ids, shared
         self.stats = {"rounds": 0, "prefill_rounds": 0, "forwards": 0, "inplace_reloops": 0,
-                      "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0}
+                      "committed_blocks": 0, "request_steps": 0, "wasted_request_steps": 0,
+                      "kernel_compiles_after_ready": 0}
         self.prefill = PrefillPlanner(config, self.to_worker, self.pages, self.stats)
 
     # ---- the loop's interface -----------------------------------------------------------
@@ -279,6 +280,7 @@ class Scheduler:
         s["inplace_reloops"] += rep.forwards - rep.rounds
         s["request_steps"] += rep.block_steps
         s["wasted_request_steps"] += rep.idle_block_steps
+        s["kernel_compiles_after_ready"] += rep.compiles
 
     def _commit(self, req: Req, block: np.ndarray) -> None:
         new = self.finish.commit(req, req.generated_part(block))

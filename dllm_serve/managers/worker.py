@@ -131,6 +131,15 @@ class Worker:
         self.wait_s, self.phase_s = 0.0, [0.0, 0.0, 0.0]
         return out
 
+    def compiled(self, kernel: str, seconds: float) -> None:
+        """A Triton kernel compiled after ready (kernels/compile_watch.py): a stall the warm-up
+        should have prevented; logged by name, counted in the next report and traced."""
+        logger.warning("Triton compiled %s after ready (%.2f s): a serving stall the warm-up "
+                       "did not prevent", kernel, seconds)
+        self.report.msg.compiles += 1
+        if self.tracer is not None:
+            self.tracer.compile(kernel, seconds)
+
     @property
     def idle(self) -> bool:
         """Nothing on the device, nothing in flight, no admitted request that may join: wait

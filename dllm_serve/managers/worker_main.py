@@ -18,6 +18,7 @@ import zmq
 
 from dllm_serve.dllm.algorithms import build_algorithm
 from dllm_serve.engine_config import EngineConfig, WorkerConfig
+from dllm_serve.kernels.compile_watch import CompileWatch
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
 from dllm_serve.managers.messages import Shutdown, WorkerBatch, WorkerFailed, WorkerReady, WorkItem
 from dllm_serve.managers.procs import (
@@ -56,6 +57,7 @@ def run_worker_process(config: EngineConfig, addrs: Addresses) -> None:
         info = {**startup_info(worker, time.monotonic() - start), "worker_gc_frozen": frozen}
         logger.info("worker ready in %.1f s (warm-up and capture %.1f s of it)",
                     info["worker_s"], info["warmup_s"])
+        CompileWatch(worker.compiled).start()  # from here on a compile is a stall: named
         tx.send(WorkerReady(worker.runner.num_pages, worker.runner.page_size,
                             {"startup": info}))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the engine's stop: unwind

@@ -34,7 +34,7 @@ class ReportBuilder:
     def take(self, idle: bool) -> WorkerReport | None:
         """The report to send now, or None."""
         msg, now = self.msg, time.monotonic()
-        counters = msg.forwards or msg.prefills
+        counters = msg.forwards or msg.prefills or msg.compiles
         if not (self.retired or msg.has_results or (idle and counters)
                 or (msg.forwards and now - self.last >= self.every_s)):
             return None
