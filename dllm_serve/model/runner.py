@@ -158,6 +158,8 @@ class ModelRunner:
         graphs = self._want_graphs() and self._capture()
         for forwards in self._bucketed():
             forwards.warm_up()
+        assert self.prefill_graphs is not None
+        self.prefill_graphs.replay_each()  # first launches (graph uploads) before ready
         self.graphs.reset_published()
         torch.cuda.synchronize()
         self.warmup_s = time.perf_counter() - start
