@@ -40,7 +40,3 @@ def fell_back(key: Hashable, launch: Hashable) -> bool:
     list instead (a benchmark must not time it as itself)."""
     return (key, launch) in _TOO_BIG
 
-
-def forget(key: Hashable, launch: Hashable) -> None:
-    """Drop a remembered failure (tests)."""
-    _TOO_BIG.discard((key, launch))
