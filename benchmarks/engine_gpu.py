@@ -28,7 +28,8 @@ run's mean batch (rows_mean blocks) and a prefix of the mean prompt plus half th
 with the distinct experts uniform routing would touch; ratio = forward_ms_mean / floor_ms, an
 estimate (the batch and prefixes vary within a run; round_roofline.py measures exact ones).
 startup_s: Engine() until ready; warmup_s: the part of it the worker spent compiling and
-capturing every bucket.
+capturing every bucket. compiles_after_ready: Triton kernels the worker compiled since it was
+ready, up to the end of the row's run (kernels/compile_watch.py; each is named in its log).
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens:
             "prompt_tokens_mean": prompt_tokens,
             "output_tokens_per_s": tokens / wall,
             "scheduler_stats": {k: after[k] - before[k] for k in after},
+            "compiles_after_ready": after["kernel_compiles_after_ready"],
             **summarize(read_trace(trace, start, end))}
 
 
@@ -155,7 +157,8 @@ def print_row(r: dict[str, Any]) -> None:
           f"{100 * r.get('idle_fraction', 0):5.2f}%  fwd {r.get('forward_ms_mean', 0):7.2f} ms"
           f" (floor {r.get('floor_ms', 0):6.2f}, {r.get('ratio', 0):5.2f}x)"
           f"  host/fwd {r.get('host_ms_per_forward', 0):6.3f} ms"
-          f"  worst item {r.get('worst_item_ratio', 0):5.2f}x the median round", flush=True)
+          f"  worst item {r.get('worst_item_ratio', 0):5.2f}x the median round"
+          f"  compiles after ready {r['compiles_after_ready']}", flush=True)
 
 
 class Floor:

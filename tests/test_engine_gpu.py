@@ -115,6 +115,7 @@ def test_engine_benchmark_on_the_cpu(tmp_path: Path) -> None:
     assert run["forwards"] == stats["forwards"] - stats["prefill_rounds"]
     assert 0.0 <= run["idle_fraction"] < 1.0 and run["busy_fraction"] > 0.0
     assert run["forwards_per_s"] > 0 and run["output_tokens_per_s"] > 0
+    assert run["compiles_after_ready"] == 0  # the CPU runs no Triton kernel
 
 
 def test_engine_benchmark_sync_on_a_real_checkpoint(tiny_model_dir: Path) -> None:
