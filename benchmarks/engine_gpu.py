@@ -101,9 +101,11 @@ def engine_kwargs(ns: argparse.Namespace, model_path: str, graphs: bool) -> dict
 def run_concurrency(engine: Any, trace: str, prompts: list[str], max_new_tokens: int,
                     ignore_eos: bool = True) -> dict[str, Any]:
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "temperature": 0.0}
-    # Warm-up: the measured call itself, once. The first forwards of a new shape compile Triton
-    # kernels for seconds; a one-block warm-up on the same prompts left the timed run's prefill
-    # compiling on an H200 (17 s of an 18.7 s span; results/h200/perf/engine_gpu_repeat.json).
+    # Warm-up: the measured call itself, once. Before issue 15 the first forwards of a new shape
+    # compiled Triton kernels for seconds (17 s of an 18.7 s span on an H200, results/h200/perf/
+    # engine_gpu_repeat.json); the worker's warm-up now compiles every bucket before ready
+    # (compiles_after_ready says so), and the call stays so that every row, old and new, times
+    # the second run of its prompts (whose pages the radix cache may then hold).
     engine.generate(prompts, params)
     before = engine.get_server_info()["stats"]
     start = time.monotonic()
