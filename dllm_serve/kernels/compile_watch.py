@@ -10,7 +10,7 @@ the warm-up shows by name instead of as an unexplained stall. Hooks installed be
 still run (the watch calls them first and passes their answer on); `stop` puts them back.
 
 Nothing compiles under the interpreter (TRITON_INTERPRET=1) or without Triton: the watch then
-never fires. A Triton without `knobs` (before 3.4) cannot be watched: `start` says so in the log.
+never fires. A Triton without `knobs` (older releases) cannot be watched: `start` logs so.
 """
 
 from __future__ import annotations
