@@ -4,6 +4,7 @@
 #   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh probe    # call 1
 #   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh site     # calls 2-6
 #   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh malloc   # call 7
+#   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh cpu      # call 9
 # Each run of tests/test_no_compile_after_ready.py -k slower starts from an empty Triton cache
 # (TRITON_CACHE_DIR fresh) unless it says warm; first_prefill_site/sitecustomize.py's switches
 # say what each probe turn measures.
@@ -45,4 +46,7 @@ site)
 malloc)
   serve no_fastbins /tmp/cold_$RANDOM GLIBC_TUNABLES=glibc.malloc.mxfast=0
   serve trim /tmp/cold_$RANDOM DLLM_PROBE_TRIM=1 ;;
+cpu)
+  serve cpu_cold1 /tmp/cold_$RANDOM DLLM_PROBE_CPU=1
+  serve cpu_cold2 /tmp/cold_$RANDOM DLLM_PROBE_CPU=1 ;;
 esac

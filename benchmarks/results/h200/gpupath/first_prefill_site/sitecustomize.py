@@ -11,6 +11,9 @@ at start. Nothing happens unless one of these is set:
 - DLLM_PROBE_ITEMS=1: the first three trace items (`Tracer.run`, the test's "host launch" window)
   print their wall and thread CPU time with the change of this thread's schedstat, /proc/vmstat's
   numa / compaction / fault counters and the system's irq, softirq and steal ticks;
+- DLLM_PROBE_CPU=1: every prefill trace item prints its wall and thread CPU time, taken just
+  outside `Tracer.run` and nothing else (a thread CPU time short of the wall time is time the
+  thread did not run: descheduled, or its vCPU not running);
 - DLLM_PROBE_EARLY=1: torch and the model modules are imported at interpreter start (call 2's
   probe did this; its stall did not show);
 - DLLM_PROBE_TRIM=1: glibc's malloc_trim(0) right after the warm-up's last step.
@@ -21,7 +24,7 @@ DLLM_PROBE_EARLY nothing is imported sooner than the engine imports it.
 import os
 
 if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DLLM_PROBE_TRIM",
-                                   "DLLM_PROBE_EARLY")):
+                                   "DLLM_PROBE_EARLY", "DLLM_PROBE_CPU")):
     import cProfile
     import ctypes
     import gc
@@ -125,6 +128,24 @@ if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DL
 
         module.Tracer.run = run
 
+    def patch_trace_cpu(module):
+        trace_run = module.Tracer.run
+
+        def run(self, kind, fn, rows=0):
+            t0 = time.perf_counter()
+            c0 = time.thread_time()
+            out = trace_run(self, kind, fn, rows)
+            c1 = time.thread_time()
+            t1 = time.perf_counter()
+            if kind == "prefill":
+                n = state["items"]
+                state["items"] += 1
+                print(f"PROBE cpu prefill #{n}: wall {1e3 * (t1 - t0):.3f} ms, thread cpu "
+                      f"{1e3 * (c1 - c0):.3f} ms", file=sys.stderr, flush=True)
+            return out
+
+        module.Tracer.run = run
+
     def patch_warm_up(module):
         replay_each = module.PrefillGraphs.replay_each
 
@@ -140,6 +161,8 @@ if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DL
         targets["dllm_serve.model.runner"] = patch_runner
     if os.environ.get("DLLM_PROBE_ITEMS"):
         targets["dllm_serve.managers.round_trace"] = patch_trace
+    if os.environ.get("DLLM_PROBE_CPU"):
+        targets["dllm_serve.managers.round_trace"] = patch_trace_cpu
     if os.environ.get("DLLM_PROBE_TRIM"):
         targets["dllm_serve.model.prefill_graphs"] = patch_warm_up
 
