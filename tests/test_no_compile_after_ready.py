@@ -54,9 +54,10 @@ def test_no_worker_item_slower_than_3x_the_median_round(tiny_model_dir: Path, tm
           f"{found['worst_item_ms']:.3f} ms ({found['worst_item_ratio']:.2f}x)")
     prefills = [r for r in records if r["kind"] == "prefill"]
     slowest = sorted(range(len(prefills)), key=lambda i: -prefills[i]["gpu_ms"])[:5]
-    print("slowest prefills (index, tokens, device ms, host launch ms): " + ", ".join(
+    print("slowest prefills (index, tokens, device ms, host launch ms, its CPU ms): " + ", ".join(
         f"(#{i}, {prefills[i]['rows']}, {prefills[i]['gpu_ms']:.3f}, "
-        f"{1e3 * (prefills[i]['t1'] - prefills[i]['t0']):.3f})" for i in slowest)
+        f"{1e3 * (prefills[i]['t1'] - prefills[i]['t0']):.3f}, {prefills[i]['cpu_ms']:.3f})"
+        for i in slowest)
         + f" of {len(prefills)}")
     worst = prefills[slowest[0]]
     print("during the slowest prefill's launch: " + ", ".join(  # what held the host, if traced

@@ -57,6 +57,27 @@ def test_items_are_timed_in_batches_and_all_written_on_settle(tmp_path: Path,
                                                      if r["kind"] == "denoise") / 6)
 
 
+def test_an_item_records_the_threads_cpu_time_of_its_launch(tmp_path: Path) -> None:
+    """cpu_ms is the worker thread's CPU time over the launch: a launch that sleeps has next
+    to none of its host time as CPU time, one that computes has all of it (3 ms of CPU time
+    spent at least, and never more than the launch's wall time)."""
+    path = tmp_path / "trace.jsonl"
+    tracer = Tracer(str(path), torch.device("cpu"), {})
+
+    def compute() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.003:
+            pass
+
+    tracer.run("prefill", lambda: time.sleep(0.02), rows=1)
+    tracer.run("denoise", compute, rows=2)
+    tracer.settle()
+    sleeping, computing = read_trace(str(path), 0.0, time.monotonic())
+    assert 1e3 * (sleeping["t1"] - sleeping["t0"]) >= 20.0
+    assert 0.0 <= sleeping["cpu_ms"] < 10.0
+    assert 3.0 <= computing["cpu_ms"] <= 1e3 * (computing["t1"] - computing["t0"]) + 0.01
+
+
 def test_collections_are_traced_while_the_tracer_lives(tmp_path: Path) -> None:
     """A collection of the cyclic GC is one "gc" record (generation, interval, objects
     collected) that summarize counts; a tracer that is gone records nothing (its hook holds

@@ -3,10 +3,11 @@
 With DLLM_SERVE_ROUND_TRACE=FILE in its environment the worker appends JSON lines to FILE:
 - first {"kind": "worker", "cuda_graphs": bool, "graph_buckets": [...]};
 - per device item ("prefill" | "denoise": one forward, with the step for denoise): rows (active
-  blocks; a prefill's: its tokens), t0 / t1 (time.monotonic() around the host's launch), gpu_ms
-  (device time, from CUDA events around the item; wall time on the CPU) and gap_ms (device idle
-  between the previous item's end and this one's start: CUDA events, so exact; 0 for the first
-  item);
+  blocks; a prefill's: its tokens), t0 / t1 (time.monotonic() around the host's launch), cpu_ms
+  (the worker thread's CPU time over that launch, time.thread_time(): a launch slower than its
+  CPU time waited, one as slow in CPU time ran slowly), gpu_ms (device time, from CUDA events
+  around the item; wall time on the CPU) and gap_ms (device idle between the previous item's
+  end and this one's start: CUDA events, so exact; 0 for the first item);
 - per collection of the cyclic garbage collector ("gc"): gen, t0 / t1, collected (a pause
   of the host inside whatever it was doing);
 - per Triton compile after ready ("compile"): t0 / t1, kernel (its signature; a compile is a
@@ -68,10 +69,11 @@ class Tracer:
 
     def run(self, kind: str, fn: Callable[[], T], rows: int = 0) -> T:
         """Run fn (which queues one device item) between two timestamps."""
-        start, t0 = self._mark(), time.monotonic()
+        start, t0, c0 = self._mark(), time.monotonic(), time.thread_time()
         out = fn()
-        end, t1 = self._mark(), time.monotonic()
-        self.pending.append(({"kind": kind, "rows": rows, "t0": t0, "t1": t1}, start, end))
+        end, t1, c1 = self._mark(), time.monotonic(), time.thread_time()
+        self.pending.append(({"kind": kind, "rows": rows, "t0": t0, "t1": t1,
+                              "cpu_ms": 1e3 * (c1 - c0)}, start, end))
         if len(self.pending) >= PENDING:
             self._flush()
         return out
