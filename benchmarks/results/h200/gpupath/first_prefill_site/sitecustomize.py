@@ -13,7 +13,8 @@ at start. Nothing happens unless one of these is set:
   numa / compaction / fault counters and the system's irq, softirq and steal ticks;
 - DLLM_PROBE_CPU=1: every prefill trace item prints its wall and thread CPU time, taken just
   outside `Tracer.run` and nothing else (a thread CPU time short of the wall time is time the
-  thread did not run: descheduled, or its vCPU not running);
+  thread did not run: descheduled, or its vCPU not running; it and DLLM_PROBE_ITEMS patch the
+  same method: set one of them. The round trace now records this itself, as `cpu_ms`);
 - DLLM_PROBE_EARLY=1: torch and the model modules are imported at interpreter start (call 2's
   probe did this; its stall did not show);
 - DLLM_PROBE_TRIM=1: glibc's malloc_trim(0) right after the warm-up's last step.
