@@ -35,10 +35,10 @@ class PrefillGraphs(BucketedForwards):
         scratch page): CUDA uploads a graph at its first launch, so without this the first
         prefill of each bucket after ready paid for it (on an H100, warm Triton cache, the first
         4096-token prefill took 0.40 ms of host launch against 0.22-0.28 ms for the later ones).
-        The 2-4 ms first prefill after a cold-cache warm-up is something else and stays: the
-        worker thread's own CPU time at its first work, whatever that work is
-        (results/h200/gpupath/README.md, sessions 31-32). Prefill graphs only: a denoise
-        graph's step moves the worker's row state."""
+        `ModelRunner.warm_up` collects the compiles' garbage just before this, so these replays,
+        not the first prefill after ready, pay the 2-3 ms of CPU time the first launch after
+        that collection costs (results/h200/gpupath/README.md, sessions 31-33). Prefill graphs
+        only: a denoise graph's step moves the worker's row state."""
         for bucket in sorted(self.buckets, reverse=True):
             static = self.forwards[bucket]
             if static.graph is not None:

@@ -14,6 +14,7 @@ scheduler is told of: padding blocks write there. Configuration comes in as one 
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import time
@@ -158,6 +159,12 @@ class ModelRunner:
         graphs = self._want_graphs() and self._capture()
         for forwards in self._bucketed():
             forwards.warm_up()
+        # The compiles' garbage (a cold Triton cache: thousands of objects), collected before
+        # the replays: the first launch after that collection ran 2-3 ms of the worker's CPU
+        # time. Left to the startup freeze (managers/procs.py), which runs after these
+        # replays, it fell on the first prefill served (results/h200/gpupath/README.md,
+        # session 33).
+        gc.collect()
         assert self.prefill_graphs is not None
         self.prefill_graphs.replay_each()  # first launches (graph uploads) before ready
         self.graphs.reset_published()

@@ -5,6 +5,9 @@
 #   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh site     # calls 2-6
 #   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh malloc   # call 7
 #   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh cpu      # call 9
+#   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh pmu      # session 33
+#   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh spin     # session 33
+#   bash benchmarks/results/h200/gpupath/first_prefill_calls.sh dry      # session 33
 # Each run of tests/test_no_compile_after_ready.py -k slower starts from an empty Triton cache
 # (TRITON_CACHE_DIR fresh) unless it says warm; first_prefill_site/sitecustomize.py's switches
 # say what each probe turn measures.
@@ -49,4 +52,18 @@ malloc)
 cpu)
   serve cpu_cold1 /tmp/cold_$RANDOM DLLM_PROBE_CPU=1
   serve cpu_cold2 /tmp/cold_$RANDOM DLLM_PROBE_CPU=1 ;;
+pmu)  # hardware counters of each prefill launch: two cold starts, then one warm
+  C=/tmp/cold_$RANDOM
+  serve pmu_cold1 "$C" DLLM_PROBE_PMU=1
+  serve pmu_warm "$C" DLLM_PROBE_PMU=1
+  serve pmu_cold2 /tmp/cold_$RANDOM DLLM_PROBE_PMU=1 ;;
+spin)  # a fixed loop timed five times before each early prefill launch
+  serve spin_cold1 /tmp/cold_$RANDOM DLLM_PROBE_SPIN=1
+  serve spin_cold2 /tmp/cold_$RANDOM DLLM_PROBE_SPIN=1
+  serve spin_cold3 /tmp/cold_$RANDOM DLLM_PROBE_SPIN=1 ;;
+dry)  # a served-path prefill before ready; then glibc malloc on transparent huge pages
+  serve dry_cold1 /tmp/cold_$RANDOM DLLM_PROBE_DRY=1 DLLM_PROBE_CPU=1
+  serve dry_cold2 /tmp/cold_$RANDOM DLLM_PROBE_DRY=1 DLLM_PROBE_CPU=1
+  serve thp_cold1 /tmp/cold_$RANDOM GLIBC_TUNABLES=glibc.malloc.hugetlb=1 DLLM_PROBE_CPU=1
+  serve thp_cold2 /tmp/cold_$RANDOM GLIBC_TUNABLES=glibc.malloc.hugetlb=1 DLLM_PROBE_CPU=1 ;;
 esac

@@ -15,6 +15,21 @@ at start. Nothing happens unless one of these is set:
   outside `Tracer.run` and nothing else (a thread CPU time short of the wall time is time the
   thread did not run: descheduled, or its vCPU not running; it and DLLM_PROBE_ITEMS patch the
   same method: set one of them. The round trace now records this itself, as `cpu_ms`);
+- DLLM_PROBE_PMU=1 (session 33): every prefill trace item prints its wall and thread CPU time
+  with the thread's own user-space hardware counters over it (perf_event_open: cycles,
+  reference cycles, instructions, cache misses, dTLB load misses), so a slow first launch
+  shows whether it ran more instructions, ran them at a lower clock (cycles / ref-cycles), or
+  stalled on misses. It too patches `Tracer.run`;
+- DLLM_PROBE_SPIN=1 (session 33; the device's guest has no PMU: perf_event_open gives ENOENT):
+  before each of the first prefill trace items, five back-to-back runs of a fixed Python loop
+  (20k iterations, register-bound once hot), each timed, then the item's wall and CPU time.
+  A clock or vCPU slow to wake shows as slow first spins; a cold working set does not slow
+  them, and then the launch still stalls after them. It too patches `Tracer.run`;
+- DLLM_PROBE_DRY=1 (session 33): right after the warm-up's `replay_each`, one prefill through
+  `run_prefill` itself (the served path: metadata from real segments, ids, copy, replay) at the
+  largest bucket, every block a one-block segment at position 0 of the scratch slot (its K/V
+  writes land on the scratch page, as pad blocks' do), its host time printed. If the stall
+  is the served path's first run after the compiles, it moves here, before ready;
 - DLLM_PROBE_EARLY=1: torch and the model modules are imported at interpreter start (call 2's
   probe did this; its stall did not show);
 - DLLM_PROBE_TRIM=1: glibc's malloc_trim(0) right after the warm-up's last step.
@@ -24,8 +39,8 @@ DLLM_PROBE_EARLY nothing is imported sooner than the engine imports it.
 
 import os
 
-if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DLLM_PROBE_TRIM",
-                                   "DLLM_PROBE_EARLY", "DLLM_PROBE_CPU")):
+if any(os.environ.get(f"DLLM_PROBE_{k}") for k in ("PREFILL", "ITEMS", "TRIM", "EARLY", "CPU",
+                                                   "PMU", "SPIN", "DRY")):
     import cProfile
     import ctypes
     import gc
@@ -147,6 +162,75 @@ if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DL
 
         module.Tracer.run = run
 
+    PMU = (("cycles", 0, 0), ("ref_cycles", 0, 9), ("instructions", 0, 1),
+           ("cache_misses", 0, 3), ("dtlb_misses", 3, 3 | (1 << 16)))
+
+    def open_counters():
+        """This thread's user-space counters (name, fd), or the error of the first that fails."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        fds = []
+        for name, kind, config in PMU:
+            attr = (ctypes.c_uint64 * 8)()  # perf_event_attr, PERF_ATTR_SIZE_VER0 = 64 bytes
+            attr[0] = kind | (64 << 32)  # type, size
+            attr[1] = config
+            attr[5] = (1 << 5) | (1 << 6)  # exclude_kernel, exclude_hv
+            fd = libc.syscall(298, ctypes.byref(attr), 0, -1, -1, 0)  # this thread, any cpu
+            if fd < 0:
+                return f"perf_event_open {name}: errno {ctypes.get_errno()}"
+            fds.append((name, fd))
+        return fds
+
+    def read_counters(fds):
+        return {name: int.from_bytes(os.read(fd, 8), "little") for name, fd in fds}
+
+    def patch_trace_pmu(module):
+        trace_run = module.Tracer.run
+
+        def run(self, kind, fn, rows=0):
+            if kind != "prefill" or state["items"] >= 12:
+                return trace_run(self, kind, fn, rows)
+            if "pmu" not in state:
+                state["pmu"] = open_counters()
+                if isinstance(state["pmu"], str):
+                    print(f"PROBE pmu: {state['pmu']}", file=sys.stderr, flush=True)
+            fds = state["pmu"] if isinstance(state["pmu"], list) else []
+            k0, t0, c0 = read_counters(fds), time.perf_counter(), time.thread_time()
+            out = trace_run(self, kind, fn, rows)
+            c1, t1, k1 = time.thread_time(), time.perf_counter(), read_counters(fds)
+            n = state["items"]
+            state["items"] += 1
+            print(f"PROBE pmu prefill #{n}: wall {1e3 * (t1 - t0):.3f} ms, thread cpu "
+                  f"{1e3 * (c1 - c0):.3f} ms, " + ", ".join(
+                      f"{k} {k1[k] - k0[k]}" for k in k0), file=sys.stderr, flush=True)
+            return out
+
+        module.Tracer.run = run
+
+    def spin():
+        t = time.perf_counter()
+        for _ in range(20000):
+            pass
+        return 1e3 * (time.perf_counter() - t)
+
+    def patch_trace_spin(module):
+        trace_run = module.Tracer.run
+
+        def run(self, kind, fn, rows=0):
+            if kind != "prefill" or state["items"] >= 8:
+                return trace_run(self, kind, fn, rows)
+            spins = [spin() for _ in range(5)]
+            t0, c0 = time.perf_counter(), time.thread_time()
+            out = trace_run(self, kind, fn, rows)
+            c1, t1 = time.thread_time(), time.perf_counter()
+            n = state["items"]
+            state["items"] += 1
+            print(f"PROBE spin prefill #{n}: spins ms {' '.join(f'{x:.3f}' for x in spins)}; "
+                  f"launch wall {1e3 * (t1 - t0):.3f} ms, thread cpu {1e3 * (c1 - c0):.3f}",
+                  file=sys.stderr, flush=True)
+            return out
+
+        module.Tracer.run = run
+
     def patch_warm_up(module):
         replay_each = module.PrefillGraphs.replay_each
 
@@ -157,6 +241,24 @@ if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DL
 
         module.PrefillGraphs.replay_each = replay_then_trim
 
+    def patch_dry(module):
+        import numpy as np
+
+        replay_each = module.PrefillGraphs.replay_each
+
+        def replay_then_dry(self):
+            replay_each(self)
+            k, n = self.layout.block_size, self.buckets[-1]
+            ids = [np.full(k, self.pad_id, dtype=np.int64) for _ in range(n)]
+            for i in range(2):
+                t, c = time.perf_counter(), time.thread_time()
+                ran = self.run_prefill([self.scratch_slot] * n, [0] * n, ids)
+                print(f"PROBE dry prefill {i} ({n} blocks, ran {ran}): "
+                      f"{1e3 * (time.perf_counter() - t):.3f} ms, thread cpu "
+                      f"{1e3 * (time.thread_time() - c):.3f}", file=sys.stderr, flush=True)
+
+        module.PrefillGraphs.replay_each = replay_then_dry
+
     targets = {}
     if os.environ.get("DLLM_PROBE_PREFILL"):
         targets["dllm_serve.model.runner"] = patch_runner
@@ -164,6 +266,12 @@ if any(os.environ.get(k) for k in ("DLLM_PROBE_PREFILL", "DLLM_PROBE_ITEMS", "DL
         targets["dllm_serve.managers.round_trace"] = patch_trace
     if os.environ.get("DLLM_PROBE_CPU"):
         targets["dllm_serve.managers.round_trace"] = patch_trace_cpu
+    if os.environ.get("DLLM_PROBE_PMU"):
+        targets["dllm_serve.managers.round_trace"] = patch_trace_pmu
+    if os.environ.get("DLLM_PROBE_SPIN"):
+        targets["dllm_serve.managers.round_trace"] = patch_trace_spin
+    if os.environ.get("DLLM_PROBE_DRY"):
+        targets["dllm_serve.model.prefill_graphs"] = patch_dry
     if os.environ.get("DLLM_PROBE_TRIM"):
         targets["dllm_serve.model.prefill_graphs"] = patch_warm_up
 
