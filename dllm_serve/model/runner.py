@@ -159,7 +159,7 @@ class ModelRunner:
         graphs = self._want_graphs() and self._capture()
         for forwards in self._bucketed():
             forwards.warm_up()
-        # The compiles' garbage (a cold Triton cache: thousands of objects), collected before
+        # The compiles' garbage (much of it after a cold Triton cache), collected before
         # the replays: the first launch after that collection ran 2-3 ms of the worker's CPU
         # time. Left to the startup freeze (managers/procs.py), which runs after these
         # replays, it fell on the first prefill served (results/h200/gpupath/README.md,
