@@ -1,11 +1,13 @@
 """Session 33's probe: the up projection's gate and up tiles as one interleaved dot (one MMA of
-2 x BLOCK_N columns per K step, kernels/fused_moe.py `_up_kernel` from this session on) against
-the two dots of BLOCK_N columns it ran before (`_up_two_dots` below, that kernel's body).
+2 x BLOCK_N columns per K step, `_up_one_dot` below) against the two dots of BLOCK_N columns
+the served kernel runs (kernels/fused_moe.py `_up_kernel`, through `up_proj`).
 
-At 64-row expert blocks each of the old two dots re-read the block's rows from shared memory
-for only 64 output columns; the probe times both forms of `up_proj` at LLaDA2.0-mini's expert
-shapes (random weights, uniform top-8 routing as benchmarks/moe_tune.py draws it) for the
-table's up launch at each size, then sweeps launches of the one-dot form past 256 tokens.
+At 64-row expert blocks each of the two dots re-reads the block's rows from shared memory for
+only BLOCK_N output columns; the probe times both at LLaDA2.0-mini's expert shapes (random
+weights, uniform top-8 routing as benchmarks/moe_tune.py draws it) for the table's up launch at
+each size, then eight more launches past 256 tokens. (Session 33 ran it with the one-dot form
+inside fused_moe.py and the two-dot form here; the kernels were these two.) Result: equal
+within the spread (up_one_dot_probe_h100_2f304ff.json), so the served kernel kept two dots.
 
     python3 benchmarks/results/h200/gpupath/up_one_dot_probe.py out.json
 """
@@ -32,11 +34,13 @@ from dllm_serve.kernels.triton_utils import dot  # noqa: E402, F401
 
 
 @triton.jit
-def _up_two_dots(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
-                 all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+def _up_one_dot(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we, max_blocks,
+                all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
+                DOT_F32: tl.constexpr):
+    """The tried form of fused_moe's `_up_kernel`: the weight tile holds gate row n, up row n,
+    gate row n + 1, ... (2 BLOCK_N columns), one dot per K step, the accumulator split after."""
     expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
                                                  max_blocks, all_blocks, num_rows, num_tokens,
                                                  inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
@@ -45,33 +49,32 @@ def _up_two_dots(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_w
         n_ok = n < inter
         tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
         w = _expert_weight(W13, WShared, expert, shared, stride_we)
-        gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        w_rows = tl.interleave(n, inter + n)  # (2 BLOCK_N,)
+        w_ok = tl.interleave(n_ok, n_ok)
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < hidden
             a = tl.load(X + tokens[:, None] * hidden + kk[None, :],
                         mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w_mask = k_ok[:, None] & n_ok[None, :]
-            w_gate = tl.load(w + n[None, :] * hidden + kk[:, None], mask=w_mask, other=0.0)
-            w_up = tl.load(w + (inter + n[None, :]) * hidden + kk[:, None], mask=w_mask,
-                           other=0.0)
-            gate += dot(a, w_gate, DOT_F32)
-            up += dot(a, w_up, DOT_F32)
+            wt = tl.load(w + w_rows[None, :] * hidden + kk[:, None],
+                         mask=k_ok[:, None] & w_ok[None, :], other=0.0)
+            acc += dot(a, wt, DOT_F32)
+        gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
         h = gate * tl.sigmoid(gate) * up
         tl.store(H + rows[:, None] * inter + n[None, :], h.to(H.dtype.element_ty),
                  mask=valid[:, None] & n_ok[None, :])
 
 
-def up_two_dots(case: Case, launch: MoeLaunch) -> torch.Tensor:
-    """`fm.up_proj` (no shared expert) with the old kernel."""
+def up_one_dot(case: Case, launch: MoeLaunch) -> torch.Tensor:
+    """`fm.up_proj` (no shared expert) with the tried kernel."""
     x, w13, blocks, k = case.x, case.w13, case.blocks, case.shape.top_k
     t, hidden, inter = x.shape[0], x.shape[1], w13.shape[1] // 2
     h = x.new_empty(t * k, inter)
     grid = (blocks.max_blocks * triton.cdiv(inter, launch.block_n),)
-    _up_two_dots[grid](x, w13, w13, h, blocks.sorted_rows, blocks.block_expert,
-                       blocks.num_slots, w13.stride(0), blocks.max_blocks, blocks.max_blocks,
-                       t * k, t, hidden, inter, TOP_K=k, **fm.launch_args(blocks, launch))
+    _up_one_dot[grid](x, w13, w13, h, blocks.sorted_rows, blocks.block_expert,
+                      blocks.num_slots, w13.stride(0), blocks.max_blocks, blocks.max_blocks,
+                      t * k, t, hidden, inter, TOP_K=k, **fm.launch_args(blocks, launch))
     return h
 
 
@@ -100,10 +103,10 @@ def main() -> None:
                          for ns in (3, 4)]
         for i, launch in enumerate(dict.fromkeys(launches)):
             def new(case: Case = case, launch: MoeLaunch = launch) -> torch.Tensor:
-                return fm.up_proj(case.x, case.w13, case.blocks, case.shape.top_k, launch)
+                return up_one_dot(case, launch)
 
             def old(case: Case = case, launch: MoeLaunch = launch) -> torch.Tensor:
-                return up_two_dots(case, launch)
+                return fm.up_proj(case.x, case.w13, case.blocks, case.shape.top_k, launch)
 
             try:
                 diff = (new().float() - old().float()).abs().max().item()
