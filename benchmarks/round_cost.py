@@ -7,6 +7,15 @@ read once (prefix + own block) and the block's K/V written once. Logits need not
 (a fused lm_head + argmax would keep them on chip), so they are not counted. FLOPs: 2 per
 multiply-add of every matrix product (the experts once per chosen (token, expert)), and
 attention's QK^T and PV over each query's visible keys (prefix + its own block).
+
+The serial floor (`serial_floor_s`): the same bytes and FLOPs cut into the stages whose data
+dependencies order them (the embedding; per layer its attention, then its MLP or experts; the
+final norm and the LM head), each stage at the larger of its own bytes / bandwidth and FLOPs /
+peak, summed. Inside a stage every product is taken as fused, its compute hidden under its
+loads (or the reverse); across stages nothing overlaps. A round whose kernels run one after
+another, however fused within a stage, is no faster. It is above the floor where
+compute-bound stages (the attention's projections and the LM head at many rows) alternate with
+memory-bound ones (the experts' weights): then no kernel order reaches the floor.
 """
 
 from __future__ import annotations
@@ -40,20 +49,27 @@ class RoundCost:
         return "memory" if self.bytes / bandwidth >= self.flops / peak_flops else "compute"
 
 
+def param_bytes(name: str, p: nn.Parameter, tokens: int,
+                experts_touched: dict[int, int]) -> int:
+    """Bytes of one weight a round of `tokens` rows reads: a routed expert tensor only for its
+    experts chosen, an embedding only for its rows read."""
+    size = p.numel() * p.element_size()
+    if name.endswith(("experts.w13", "experts.w2")):
+        return size // p.shape[0] * experts_touched[layer_of(name)]
+    if "embed_tokens" in name:
+        return tokens * p.shape[1] * p.element_size()
+    return size
+
+
 def weight_bytes(model: nn.Module, tokens: int, experts_touched: dict[int, int]) -> int:
     """Bytes of the weights a round of `tokens` rows reads; experts_touched: MoE layer ->
     distinct experts chosen in it."""
-    total = 0
-    for name, p in model.named_parameters():
-        size = p.numel() * p.element_size()
-        if name.endswith(("experts.w13", "experts.w2")):
-            layer = int(LAYER.search(name).group(1))  # type: ignore[union-attr]
-            total += size // p.shape[0] * experts_touched[layer]
-        elif "embed_tokens" in name:
-            total += tokens * p.shape[1] * p.element_size()
-        else:
-            total += size
-    return total
+    return sum(param_bytes(name, p, tokens, experts_touched)
+               for name, p in model.named_parameters())
+
+
+def layer_of(name: str) -> int:
+    return int(LAYER.search(name).group(1))  # type: ignore[union-attr]
 
 
 def kv_bytes(cfg: DecoderSpec, prefixes: list[int], block: int, itemsize: int) -> int:
@@ -63,18 +79,21 @@ def kv_bytes(cfg: DecoderSpec, prefixes: list[int], block: int, itemsize: int) -
     return per_token * (read + block * len(prefixes))
 
 
+def param_flops(name: str, p: nn.Parameter, top_k: int, tokens: int) -> int:
+    """FLOPs of one weight's product: a 2-D weight once per token (embeddings: none), a routed
+    expert tensor once per (token, chosen expert)."""
+    if p.dim() < 2 or "embed_tokens" in name:
+        return 0
+    per_token = 2 * p.numel()
+    if name.endswith(("experts.w13", "experts.w2")):
+        per_token = per_token // p.shape[0] * top_k
+    return tokens * per_token
+
+
 def matmul_flops(model: nn.Module, top_k: int, tokens: int) -> int:
     """Dense products: every 2-D weight once per token (embeddings excluded); routed experts
     once per (token, chosen expert)."""
-    total = 0
-    for name, p in model.named_parameters():
-        if p.dim() < 2 or "embed_tokens" in name:
-            continue
-        per_token = 2 * p.numel()
-        if name.endswith(("experts.w13", "experts.w2")):
-            per_token = per_token // p.shape[0] * top_k
-        total += tokens * per_token
-    return total
+    return sum(param_flops(name, p, top_k, tokens) for name, p in model.named_parameters())
 
 
 def attention_flops(cfg: DecoderSpec, prefixes: list[int], block: int) -> int:
@@ -98,3 +117,40 @@ def round_cost(model: nn.Module, prefixes: list[int], block: int,
         kv_bytes=kv_bytes(spec, prefixes, block, itemsize),
         flops=matmul_flops(model, routed_top_k(model), tokens)
         + attention_flops(spec, prefixes, block))
+
+
+def stage_of(name: str) -> str:
+    """The stage of a round that a parameter's product runs in: "embed", "head" (the final
+    norm and the LM head), "<layer>.attention" (its input norm and self_attn) or
+    "<layer>.mlp" (the rest of the layer: post-attention norm, router, experts, MLP)."""
+    if "embed_tokens" in name:
+        return "embed"
+    match = LAYER.search(name)
+    if match is None:
+        return "head"
+    part = "attention" if "self_attn" in name or "input_layernorm" in name else "mlp"
+    return f"{match.group(1)}.{part}"
+
+
+def stage_costs(model: nn.Module, prefixes: list[int], block: int,
+                experts_touched: dict[int, int], itemsize: int) -> dict[str, RoundCost]:
+    """`round_cost` cut into stages (`stage_of`); each layer's attention stage also holds its
+    share of the K/V bytes and the attention FLOPs. The stages' sums are round_cost's."""
+    tokens, spec, top_k = block * len(prefixes), model.spec, routed_top_k(model)
+    parts: dict[str, list[int]] = {}
+    for name, p in model.named_parameters():
+        acc = parts.setdefault(stage_of(name), [0, 0, 0])
+        acc[0] += param_bytes(name, p, tokens, experts_touched)
+        acc[2] += param_flops(name, p, top_k, tokens)
+    kv, attention = kv_bytes(spec, prefixes, block, itemsize), attention_flops(
+        spec, prefixes, block)
+    for layer in range(spec.num_layers):  # every layer reads and computes the same share
+        acc = parts.setdefault(f"{layer}.attention", [0, 0, 0])
+        acc[1] += kv // spec.num_layers
+        acc[2] += attention // spec.num_layers
+    return {stage: RoundCost(*acc) for stage, acc in parts.items()}
+
+
+def serial_floor_s(stages: dict[str, RoundCost], bandwidth: float, peak_flops: float) -> float:
+    """The floor of a round whose stages run one after another (module docstring)."""
+    return sum(cost.floor_s(bandwidth, peak_flops) for cost in stages.values())

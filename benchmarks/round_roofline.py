@@ -22,8 +22,10 @@ Backends: "triton+graphs" (the engine's default GPU path), "triton" (the same ke
 Triton attention and MoE, fused norms/RoPE/KV store, the fused step) and "torch" (the plain
 PyTorch reference, no custom kernels, no graphs). The floor
 is the larger of exact bytes / measured copy bandwidth and exact FLOPs / measured bf16 matmul rate
-(benchmarks/round_cost.py). Runs on the CPU too (wall-clock timing, assumed ceilings) for a
-smoke test with --preset tiny.
+(benchmarks/round_cost.py); the serial floor, the same counts cut into the stages that data
+dependencies order (each layer's attention, then its experts; the LM head), each stage at its
+own bound, summed: what kernels that run one after another can reach. Runs on the CPU too
+(wall-clock timing, assumed ceilings) for a smoke test with --preset tiny.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import git_commit, write_json
-from benchmarks.round_cost import RoundCost, round_cost
+from benchmarks.round_cost import RoundCost, round_cost, serial_floor_s, stage_costs
 from dllm_serve.dllm.algorithms import DenoiseBatch, build_algorithm
 from dllm_serve.dllm.config import DllmConfig
 from dllm_serve.dllm.denoise_step import denoise_step
@@ -270,12 +272,14 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
 
 def add_floor(row: dict[str, Any], model: nn.Module, hf: dict[str, Any], itemsize: int,
               ceilings: tuple[float, float]) -> None:
-    cost: RoundCost = round_cost(model, row["prefixes"], row["block"],
-                                 row["experts_touched"], itemsize)
+    args = (model, row["prefixes"], row["block"], row["experts_touched"], itemsize)
+    cost: RoundCost = round_cost(*args)
     floor_ms = 1e3 * cost.floor_s(*ceilings)
+    serial_ms = 1e3 * serial_floor_s(stage_costs(*args), *ceilings)
     row.update(weight_gb=cost.weight_bytes / 1e9, kv_gb=cost.kv_bytes / 1e9,
                tflop=cost.flops / 1e12, floor_ms=floor_ms, bound=cost.bound(*ceilings),
-               ratio=row["round_ms"] / floor_ms)
+               ratio=row["round_ms"] / floor_ms, serial_floor_ms=serial_ms,
+               serial_ratio=row["round_ms"] / serial_ms)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -283,13 +287,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         return {(r["batch"], r["prefix"]): r["round_ms"] for r in rows if r["backend"] == backend}
 
     refs = [ms_of("torch"), ms_of("triton")]
-    lines = ["| backend | B | prefix | round ms | floor ms | ratio to floor | bound | GB | TFLOP "
-             "| vs torch | vs triton eager |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| backend | B | prefix | round ms | floor ms | ratio to floor | bound | serial floor "
+             "ms | ratio to serial floor | GB | TFLOP | vs torch | vs triton eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speedups = [ref.get((r["batch"], r["prefix"])) for ref in refs]
         cells = " | ".join(f"{s / r['round_ms']:.2f}x" if s else "-" for s in speedups)
         lines.append(f"| {r['backend']} | {r['batch']} | ~{r['prefix']} | {r['round_ms']:.2f} | "
                      f"{r['floor_ms']:.2f} | {r['ratio']:.2f} | {r['bound']} | "
+                     f"{r['serial_floor_ms']:.2f} | {r['serial_ratio']:.2f} | "
                      f"{r['weight_gb'] + r['kv_gb']:.2f} | {r['tflop']:.3f} | {cells} |")
     lines += ["", "| backend | startup s | warm-up and capture s |", "|---|---|---|"]
     for backend in dict.fromkeys(r["backend"] for r in rows):
@@ -334,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
                           "device": torch.cuda.get_device_name(device)
                           if device.type == "cuda" else "cpu",
                           "ceilings": {"bytes_per_s": ceilings[0], "flops": ceilings[1]},
+                          "itemsize": torch.finfo(dtype).bits // 8,
                           "config": {k: hf.get(k) for k in ("architectures", "hidden_size",
                                                              "num_hidden_layers", "num_experts",
                                                              "vocab_size")},
