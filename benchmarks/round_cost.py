@@ -15,7 +15,9 @@ peak, summed. Inside a stage every product is taken as fused, its compute hidden
 loads (or the reverse); across stages nothing overlaps. A round whose kernels run one after
 another, however fused within a stage, is no faster. It is above the floor where
 compute-bound stages (the attention's projections and the LM head at many rows) alternate with
-memory-bound ones (the experts' weights): then no kernel order reaches the floor.
+memory-bound ones (the experts' weights): then no kernel order reaches the floor. Given the
+rows the step reads (a LowConfidence round reads only its masked positions), the LM head's
+product counts those rows only, as the fused head (kernels/lm_head.py) computes them.
 """
 
 from __future__ import annotations
@@ -133,15 +135,19 @@ def stage_of(name: str) -> str:
 
 
 def stage_costs(model: nn.Module, prefixes: list[int], block: int,
-                experts_touched: dict[int, int], itemsize: int) -> dict[str, RoundCost]:
+                experts_touched: dict[int, int], itemsize: int,
+                asked_rows: int | None = None) -> dict[str, RoundCost]:
     """`round_cost` cut into stages (`stage_of`); each layer's attention stage also holds its
-    share of the K/V bytes and the attention FLOPs. The stages' sums are round_cost's."""
+    share of the K/V bytes and the attention FLOPs. The stages' sums are round_cost's, but
+    for `asked_rows` (the rows the step reads): the LM head's FLOPs over those rows only."""
     tokens, spec, top_k = block * len(prefixes), model.spec, routed_top_k(model)
     parts: dict[str, list[int]] = {}
     for name, p in model.named_parameters():
-        acc = parts.setdefault(stage_of(name), [0, 0, 0])
+        stage = stage_of(name)
+        rows = asked_rows if stage == "head" and asked_rows is not None else tokens
+        acc = parts.setdefault(stage, [0, 0, 0])
         acc[0] += param_bytes(name, p, tokens, experts_touched)
-        acc[2] += param_flops(name, p, top_k, tokens)
+        acc[2] += param_flops(name, p, top_k, rows)
     kv, attention = kv_bytes(spec, prefixes, block, itemsize), attention_flops(
         spec, prefixes, block)
     for layer in range(spec.num_layers):  # every layer reads and computes the same share

@@ -107,10 +107,11 @@ def scatter_pages(runner: ModelRunner, prefixes: list[int], rng: np.random.Gener
 
 
 def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
-             ) -> tuple[Callable[[], None], ForwardBatch]:
+             ) -> tuple[Callable[[], None], ForwardBatch, int]:
     """One round (forward + step) over fresh half-masked blocks in the worker's row storage,
     repeatable, run as the worker runs it (one graph replay when a step graph holds the
-    batch); fb: an eager ForwardBatch of the same blocks."""
+    batch); fb: an eager ForwardBatch of the same blocks; the masked rows (those the step
+    reads)."""
     runner, algo, storage = worker.runner, worker.algo, worker.storage
     b = len(prefixes)
     shape = (b, runner.block_size)
@@ -135,7 +136,8 @@ def round_fn(worker: Worker, prefixes: list[int], rng: np.random.Generator,
         else:
             denoise_step(algo, batch, run.forward(), state, worker.spec)
 
-    return one_round, runner.denoise_batch(slots, prefixes, blocks, ids)
+    asked = int((init == algo.mask_id).sum())
+    return one_round, runner.denoise_batch(slots, prefixes, blocks, ids), asked
 
 
 def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
@@ -251,7 +253,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
             rng = np.random.default_rng(batch * 7919 + prefix)
             prefixes = ragged_prefixes(batch, prefix, runner.block_size, rng)
             scatter_pages(runner, prefixes, rng)
-            fn, fb = round_fn(worker, prefixes, rng)
+            fn, fb, asked = round_fn(worker, prefixes, rng)
             with torch.inference_mode():
                 ms = time_ms(fn, args.warmup, args.iters, device)
                 if args.out and [batch, prefix] == args.profile:
@@ -259,7 +261,7 @@ def run_backend(hf: dict[str, Any], model: nn.Module, backend: str, args: argpar
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(profile_table(fn))
             rows.append({"backend": backend, "batch": batch, "prefix": prefix,
-                         "block": runner.block_size, **startup,
+                         "block": runner.block_size, "asked_rows": asked, **startup,
                          "prefixes": prefixes, "round_ms": ms,
                          "experts_touched": experts_touched(runner, fb)})
             print(f"{backend:13s} B={batch:3d} prefix~{prefix:5d}: {ms:8.2f} ms", flush=True)
@@ -275,7 +277,7 @@ def add_floor(row: dict[str, Any], model: nn.Module, hf: dict[str, Any], itemsiz
     args = (model, row["prefixes"], row["block"], row["experts_touched"], itemsize)
     cost: RoundCost = round_cost(*args)
     floor_ms = 1e3 * cost.floor_s(*ceilings)
-    serial_ms = 1e3 * serial_floor_s(stage_costs(*args), *ceilings)
+    serial_ms = 1e3 * serial_floor_s(stage_costs(*args, row["asked_rows"]), *ceilings)
     row.update(weight_gb=cost.weight_bytes / 1e9, kv_gb=cost.kv_bytes / 1e9,
                tflop=cost.flops / 1e12, floor_ms=floor_ms, bound=cost.bound(*ceilings),
                ratio=row["round_ms"] / floor_ms, serial_floor_ms=serial_ms,
