@@ -48,12 +48,11 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 import torch
 
 from benchmarks.common import git_commit, gsm8k_questions, write_json
-from benchmarks.round_cost import round_cost
+from benchmarks.round_cost import meta_model, round_cost
 from benchmarks.round_roofline import dllm_config, measure_ceilings
 from benchmarks.trace_summary import read_trace, summarize
 from dllm_serve.managers.round_trace import TRACE_ENV
 from dllm_serve.model.config import ModelConfig
-from dllm_serve.models import get_model_class
 from dllm_serve.tools.tiny_checkpoint import ARCHES, PRESETS, build_tiny_checkpoint, preset_arch
 
 
@@ -171,8 +170,7 @@ class Floor:
         cfg = ModelConfig.load(model_path)
         self.hf = cfg.hf
         self.block = dllm_config(cfg.hf).block_size
-        with torch.device("meta"):
-            self.model = get_model_class(cfg.architecture)(cfg.hf).to(torch.bfloat16)
+        self.model = meta_model(cfg.hf)
         self.ceilings = measure_ceilings(torch.device(device))
         if device == "cuda":
             torch.cuda.empty_cache()

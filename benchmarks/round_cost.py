@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 from dllm_serve.layers.moe import SparseMoeBlock
+from dllm_serve.models import get_model_class
 from dllm_serve.models.decoder import DecoderSpec
 
 LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -49,6 +52,13 @@ class RoundCost:
 
     def bound(self, bandwidth: float, peak_flops: float) -> str:
         return "memory" if self.bytes / bandwidth >= self.flops / peak_flops else "compute"
+
+
+def meta_model(hf: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """The model of config.json `hf` on the meta device, in `dtype`: its shapes for the
+    counts below, no memory."""
+    with torch.device("meta"):
+        return get_model_class(hf["architectures"][0])(hf).to(dtype)
 
 
 def param_bytes(name: str, p: nn.Parameter, tokens: int,

@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import write_json
-from benchmarks.round_cost import round_cost, serial_floor_s, stage_costs
-from dllm_serve.models import get_model_class
+from benchmarks.round_cost import meta_model, round_cost, serial_floor_s, stage_costs
 from dllm_serve.tools.tiny_checkpoint import PRESETS, checkpoint_config, preset_arch
 
 GOALS = {1: 1.3, 4: 1.3, 16: 1.3, 32: 1.3, 64: 1.5}  # issue 15: batch size -> ratio to floor
@@ -40,11 +39,10 @@ GOALS = {1: 1.3, 4: 1.3, 16: 1.3, 32: 1.3, 64: 1.5}  # issue 15: batch size -> r
 DTYPES = {2: torch.bfloat16, 4: torch.float32}  # a table's itemsize -> the dtype it ran in
 
 
-def meta_model(preset: str, itemsize: int) -> nn.Module:
+def preset_model(preset: str, itemsize: int) -> nn.Module:
     """The preset's model on the meta device in the table's dtype: its shapes, no memory."""
     _, hf = checkpoint_config(preset_arch(preset, None), preset)
-    with torch.device("meta"):
-        return get_model_class(hf["architectures"][0])(hf).to(DTYPES[itemsize])
+    return meta_model(hf, DTYPES[itemsize])
 
 
 def floors(row: dict[str, Any], model: nn.Module, ceilings: tuple[float, float],
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.tables:
         saved = json.loads(Path(path).read_text())
         itemsize = saved.get("itemsize", 2)  # tables before it was saved: bf16 on a GPU
-        model = meta_model(args.preset, itemsize)
+        model = preset_model(args.preset, itemsize)
         ceil = saved["ceilings"]
         ceilings = (ceil["bytes_per_s"], ceil["flops"])
         print(f"{path}: {saved['device']} at {saved['commit'][:7]}, "

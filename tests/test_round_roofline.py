@@ -12,24 +12,21 @@ import pytest
 import torch
 
 from benchmarks import round_roofline, serial_floor
-from benchmarks.round_cost import RoundCost, round_cost, serial_floor_s, stage_costs
-from dllm_serve.models import get_model_class
+from benchmarks.round_cost import RoundCost, meta_model, round_cost, serial_floor_s, stage_costs
 from dllm_serve.tools.tiny_checkpoint import checkpoint_config
 
 PREFIXES = [4096, 3000, 1024, 0]
 
 
-def meta_model(arch: str, preset: str) -> tuple[torch.nn.Module, dict]:
+def preset_model(arch: str, preset: str) -> tuple[torch.nn.Module, dict]:
     _, hf = checkpoint_config(arch, preset)
-    with torch.device("meta"):
-        model = get_model_class(hf["architectures"][0])(hf)
-    return model.to(torch.bfloat16), hf
+    return meta_model(hf), hf
 
 
 @pytest.mark.parametrize(("arch", "preset"), [("sdar", "sdar-8b-shape"),
                                               ("sdar_moe", "sdar-30b-a3b-shape")])
 def test_floor_at_sdar_shapes(arch: str, preset: str) -> None:
-    model, hf = meta_model(arch, preset)
+    model, hf = preset_model(arch, preset)
     hidden, vocab, layers = hf["hidden_size"], hf["vocab_size"], hf["num_hidden_layers"]
     block, tokens = 4, 4 * len(PREFIXES)
     params = sum(p.numel() for p in model.parameters())
@@ -57,7 +54,7 @@ def test_serial_floor_stages(arch: str, preset: str) -> None:
     """The stages partition the round: their bytes and FLOPs sum to round_cost's, one
     attention and one MLP stage per layer; the serial floor is never below the floor, equals
     it where every stage has the same bound, and exceeds it by the hidden side of each stage."""
-    model, hf = meta_model(arch, preset)
+    model, hf = preset_model(arch, preset)
     layers = hf["num_hidden_layers"]
     touched = {i: 20 for i in range(layers)} if hf.get("num_experts") else {}
     cost = round_cost(model, PREFIXES, 32, touched, itemsize=2)
