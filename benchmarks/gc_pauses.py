@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -83,18 +84,9 @@ def summarize(records: list[dict[str, Any]], start: float, end: float) -> list[d
     return sorted(rows.values(), key=lambda x: (x["process"], x["generation"]))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1024)
-    ap.add_argument("--bursts", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--max-running-requests", type=int, default=16)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    log = Path(tempfile.mkdtemp(prefix="gc-pauses-log-")) / "gc.jsonl"
-    install(log)
-    from benchmarks.common import git_commit, gsm8k_questions, write_json
+def serve_bursts(args: argparse.Namespace) -> tuple[float, float, list[float]]:
+    """(ready, last answer, each burst's seconds) of --bursts bursts through an Engine."""
+    from benchmarks.common import gsm8k_questions
     from dllm_serve.engine import Engine
 
     prompts = gsm8k_questions(args.requests)
@@ -106,7 +98,28 @@ def main() -> None:
             engine.generate(prompts, {"max_new_tokens": args.max_new_tokens})
             bursts.append(time.monotonic() - t0)
         end = time.monotonic()
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return start, end, bursts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--bursts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from benchmarks.common import git_commit, write_json
+
+    log = Path(tempfile.mkdtemp(prefix="gc-pauses-log-")) / "gc.jsonl"
+    hook = install(log)
+    try:
+        start, end, bursts = serve_bursts(args)
+        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    finally:
+        shutil.rmtree(hook, ignore_errors=True)
+        shutil.rmtree(log.parent, ignore_errors=True)
     rows = summarize(records, start, end)
     for r in rows:
         print(f"{r['process']:22s} gen{r['generation']}: {r['collections']:4d} collections, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -51,6 +52,10 @@ def test_drain_takes_at_most_its_limit_in_order() -> None:
         got += rx.drain()
     assert [m.req_id for m in got] == list(range(1, 10))
     ctx.destroy(linger=0)
+    folder = Path(addrs.to_scheduler[len("ipc://"):]).parent
+    assert folder.is_dir()
+    addrs.remove()
+    assert not folder.exists()  # the sockets' folder goes with them
 
 
 def test_a_burst_of_requests_does_not_hold_back_the_workers_report() -> None:
@@ -76,3 +81,4 @@ def test_a_burst_of_requests_does_not_hold_back_the_workers_report() -> None:
     assert scheduler.events.index("report") <= FRONT_BATCH
     del front_rx, worker_rx
     ctx.destroy(linger=0)
+    addrs.remove()

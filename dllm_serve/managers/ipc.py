@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,11 @@ class Addresses:
         base = tempfile.mkdtemp(prefix="dllm-serve-")
         return Addresses(*(f"ipc://{os.path.join(base, n)}" for n in
                            ("to_scheduler", "to_front", "to_worker", "from_worker")))
+
+    def remove(self) -> None:
+        """Remove the folder of the sockets (`fresh`'s): once every process that binds them
+        is gone."""
+        shutil.rmtree(os.path.dirname(self.to_scheduler[len("ipc://"):]), ignore_errors=True)
 
 
 class Sender:

@@ -14,7 +14,6 @@ import importlib
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -65,8 +64,7 @@ class ProcessSet:
             if p.exitcode is None:
                 p.kill()
                 p.join(1.0)
-        base = os.path.dirname(self.addrs.to_scheduler[len("ipc://"):])
-        shutil.rmtree(base, ignore_errors=True)
+        self.addrs.remove()
 
 
 def spawn(targets: dict[str, tuple[str, tuple[Any, ...]]]) -> dict[str, mp.process.BaseProcess]:
