@@ -74,6 +74,16 @@ def test_filters_keep_the_most_likely_token_and_commute_with_greedy() -> None:
     assert torch.equal(both, nucleus(min_p_filter(top_k_filter(x, 5), 0.1), 0.8))
 
 
+@pytest.mark.parametrize("p", [5e-324, 1e-46, 1e-40])
+def test_a_top_p_below_fp32s_least_value_keeps_the_most_likely_token(p: float) -> None:
+    """A top_p the API accepts (any p > 0) that float32 rounds to 0 still keeps the top token
+    (it once dropped every token, and the argmax of an all -inf row sampled token 0)."""
+    x = logits(rows=8, vocab=50, seed=4)
+    out = nucleus(x, p)
+    assert torch.equal(out.argmax(-1), x.argmax(-1))
+    assert ((out > NEG).sum(-1) == 1).all()
+
+
 def test_suppress_stop_tokens_before_min_new_tokens() -> None:
     k, vocab = 8, 10
     x = torch.zeros(k, vocab)

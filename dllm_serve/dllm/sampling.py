@@ -50,8 +50,9 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
         return logits
     sorted_logits, order = logits.sort(-1, descending=True)
     probs = sorted_logits.softmax(-1)
-    drop = probs.cumsum(-1) - probs >= top_p  # the most likely token is always kept
-    sorted_logits[drop] = float("-inf")
+    drop = probs.cumsum(-1) - probs >= top_p
+    drop[..., 0] = False  # the most likely token is always kept (a top_p under fp32's least
+    sorted_logits[drop] = float("-inf")  # positive value compares as 0 and would drop it)
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
