@@ -66,10 +66,10 @@ class SamplingParams:
             raise ValueError(f"unsupported sampling parameter(s): {', '.join(unknown)}")
         known = {k: v for k, v in d.items() if k in KNOWN_KEYS}
         for key in ("stop", "stop_regex"):
-            if isinstance(known.get(key), str):
-                known[key] = [known[key]]
-            elif known.get(key) is None:
+            if known.get(key) in (None, ""):  # no stop, as the OpenAI routes read it
                 known.pop(key, None)
+            elif isinstance(known.get(key), str):
+                known[key] = [known[key]]
         if known.get("stop_token_ids") is None:
             known.pop("stop_token_ids", None)
         params = SamplingParams(**{k: v for k, v in known.items()

@@ -46,6 +46,8 @@ def test_a_repeated_prompt_hits_and_shows_in_info_and_metrics(server: Server) ->
     assert metric(server, "dllm:cache_miss_tokens_total") >= after["miss_tokens"] - 1
     assert metric(server, "dllm:cached_pages") == after["cached_pages"]
     assert metric(server, "dllm:kv_pages_used") == 0  # cached but unused: evictable
+    load = server.get("/get_load").json()[0]  # and no load for sglang-router's policies
+    assert load["num_reqs"] == 0 and load["num_tokens"] == 0
 
 
 def test_flush_cache_is_refused_while_a_request_runs(server: Server) -> None:

@@ -162,5 +162,34 @@ def test_models(client: openai.OpenAI) -> None:
         client.models.retrieve("not-a-model")
 
 
+def test_a_reply_appended_to_the_history_is_accepted(client: openai.OpenAI) -> None:
+    """The usual multi-turn pattern: the reply's `message.model_dump()` (with OpenAI's null
+    refusal, annotations, audio, function_call and tool_calls) goes back into messages."""
+    history = [{"role": "user", "content": "Hi"}]
+    first = client.chat.completions.create(model="tiny", messages=history, max_tokens=4,
+                                           extra_body=LONG)
+    history += [first.choices[0].message.model_dump(), {"role": "user", "content": "More"}]
+    assert history[1]["refusal"] is None and "tool_calls" in history[1]
+    second = client.chat.completions.create(model="tiny", messages=history, max_tokens=4,
+                                            extra_body=LONG)
+    assert second.usage.completion_tokens == 4
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="refusal"):
+        client.chat.completions.create(model="tiny", max_tokens=4, messages=[
+            {"role": "assistant", "content": "a", "refusal": "no"}])
+
+
+def test_nullable_n_and_stream_mean_their_defaults(client: openai.OpenAI) -> None:
+    """OpenAI's spec makes n and stream nullable (null: 1 choice, no stream), and its client
+    sends stream_options.include_obfuscation."""
+    args = {"model": "tiny", "prompt": "x", "max_tokens": 3, "extra_body": LONG}
+    r = client.completions.create(n=None, stream=None, **args)
+    assert len(r.choices) == 1 and r.usage.completion_tokens == 3
+    chunks = list(client.completions.create(
+        stream=True, stream_options={"include_usage": True, "include_obfuscation": False},
+        **args))
+    assert chunks[-1].usage.completion_tokens == 3
+
+
 def test_pools_whole_after_everything(server: Server) -> None:
     pools_whole(server)

@@ -121,6 +121,16 @@ def test_a_request_s_stop_strings_and_regexes_are_bounded(key: str, value: list[
         params.verify(vocab_size=100)
 
 
+@pytest.mark.parametrize("key", ["stop", "stop_regex"])
+def test_an_empty_stop_string_is_no_stop_and_an_empty_one_in_a_list_is_refused(key: str) -> None:
+    """As the OpenAI routes read it: a bare "" is no stop; [""] would match at once (400)."""
+    params = SamplingParams.from_dict({"max_new_tokens": 4, key: ""})
+    params.verify(vocab_size=100)
+    assert getattr(params, key) == []
+    with pytest.raises(ValueError, match=key):
+        SamplingParams.from_dict({"max_new_tokens": 4, key: [""]}).verify(vocab_size=100)
+
+
 def test_one_params_dict_for_a_batch_gives_each_request_its_own_params() -> None:
     """A dict for all prompts is parsed once; each request still gets its own SamplingParams
     (validation fills in a prompt's own max_new_tokens default and changes nothing else's)."""

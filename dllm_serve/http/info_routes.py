@@ -13,6 +13,7 @@ from dllm_serve.http import health, tokenize
 from dllm_serve.http.body import read_json
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import APIError, unavailable
+from dllm_serve.http.metrics import held_pages
 from dllm_serve.http.openapi import Doc
 from dllm_serve.http.protocol import DetokenizeRequest, TokenizeRequest
 from dllm_serve.http.responses import (
@@ -113,8 +114,8 @@ def _info(app: FastAPI, ctx: ServerContext) -> None:
 
 def load(info: dict[str, Any]) -> dict[str, Any]:
     """SGLang's /get_load entry for the one engine (data-parallel rank 0)."""
-    kv, running, waiting = info["kv_pool"], info["num_running_reqs"], info["num_waiting_reqs"]
-    used = (kv["total_pages"] - kv["free_pages"]) * kv["page_size"]
+    running, waiting = info["num_running_reqs"], info["num_waiting_reqs"]
+    used = held_pages(info) * info["kv_pool"]["page_size"]  # a warm prefix cache is no load
     return {"dp_rank": 0, "num_reqs": running + waiting, "num_running_reqs": running,
             "num_waiting_reqs": waiting, "num_tokens": used}
 

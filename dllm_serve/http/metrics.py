@@ -49,6 +49,14 @@ CACHE_COUNTERS = {
 }
 
 
+def held_pages(info: dict[str, Any]) -> int:
+    """KV pages that requests hold, from the scheduler's info: in use and not free, less the
+    prefix cache's pages that no request uses (free to evict: no load)."""
+    kv = info["kv_pool"]
+    return (kv["total_pages"] - kv["free_pages"]
+            - info.get("radix_cache", {}).get("evictable_pages", 0))
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, info: Callable[[], dict[str, Any] | None]) -> None:
         self.model_name = model_name
@@ -139,8 +147,8 @@ class SchedulerCollector(Collector):
         info = self.info()
         if info is None:
             return
-        kv, slots, cache = info["kv_pool"], info["req_pool"], info.get("radix_cache", {})
-        used_pages = kv["total_pages"] - kv["free_pages"] - cache.get("evictable_pages", 0)
+        kv, slots = info["kv_pool"], info["req_pool"]
+        used_pages = held_pages(info)
         yield self._gauge("dllm:num_running_reqs", "Requests being denoised.",
                           info["num_running_reqs"])
         yield self._gauge("dllm:num_queue_reqs", "Requests waiting for admission.",
@@ -153,7 +161,7 @@ class SchedulerCollector(Collector):
         yield self._gauge("dllm:req_slots_used", "Request slots in use.",
                           slots["total_slots"] - slots["free_slots"])
         yield from self._counters(info.get("stats", {}), bool(info.get("dllm_fdfo", True)))
-        yield from self._cache(cache)
+        yield from self._cache(info.get("radix_cache", {}))
 
     def _counters(self, stats: dict[str, Any], fdfo: bool) -> Iterator[Metric]:
         if "rounds" in stats:

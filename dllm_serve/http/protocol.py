@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from dllm_serve.errors import RequestError
 from dllm_serve.request_fields import (
@@ -62,6 +62,13 @@ class WithOverrides(BaseModel):
 class StreamOptions(Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # accepted; usage comes in the last chunk only
+    include_obfuscation: bool = True  # accepted (OpenAI's client sends it); chunks carry no
+    # obfuscation padding
+
+
+def _null_is_default(value: Any, info: ValidationInfo) -> Any:
+    """A field that OpenAI's spec makes nullable: null means its default."""
+    return SamplingFields.model_fields[info.field_name].default if value is None else value
 
 
 class SamplingFields(WithOverrides):
@@ -87,6 +94,8 @@ class SamplingFields(WithOverrides):
     spaces_between_special_tokens: bool = True
     user: str | None = None
 
+    _nulls = field_validator("n", "stream", mode="before")(_null_is_default)
+
 
 class _Completion(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]  # see prompt_batch
@@ -100,9 +109,19 @@ class ContentPart(Strict):
 
 
 class ChatMessage(Strict):
+    """One message. The fields OpenAI's client echoes back on an assistant message
+    (`message.model_dump()` appended to the history) are accepted empty: dllm-serve has no
+    refusals, annotations, audio or tool calls to replay."""
+
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    refusal: None = None
+    annotations: Annotated[list[Any], Field(max_length=0)] | None = None
+    audio: None = None
+    function_call: None = None
+    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_call_id: None = None
 
 
 class _Chat(SamplingFields):
