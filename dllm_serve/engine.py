@@ -19,7 +19,7 @@ from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.procs import collector_paused
 from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
-from dllm_serve.sampling_params import SamplingParams, copy_seed
+from dllm_serve.sampling_params import SamplingParams, check_n, copy_seed
 from dllm_serve.server_args import ServerArgs
 
 Params = dict[str, Any] | list[dict[str, Any]] | None
@@ -47,8 +47,15 @@ class Engine:
         batch, requests = self._requests(prompt, sampling_params, input_ids, rid, stream)
         if stream:
             return self._stream(*requests[0])
-        with collector_paused():
-            waits = [self._submit(i, p, r) for i, p, r in requests]
+        waits: list[tuple[str, queue.Queue[GenOutput]]] = []
+        try:
+            with collector_paused():
+                for i, p, r in requests:
+                    waits.append(self._submit(i, p, r))
+        except BaseException:  # e.g. a rid already running: none of the batch runs
+            for r, _ in waits:
+                self.front.abort(r)
+            raise
         results = [result_dict(_last(q)) for _, q in waits]
         return results if batch or len(results) > 1 else results[0]
 
@@ -86,10 +93,7 @@ class Engine:
         batch, prompts = normalize_prompts(prompt, input_ids)
         ids = self.front.tokenize_all(prompts)
         params = per_prompt_params(sampling_params, len(ids))
-        rids = [rid] if isinstance(rid, str) else (rid or [None] * len(ids))
-        if len(rids) != len(ids):
-            raise RequestError("rid must have one entry per prompt")
-        requests = expand_n(ids, params, rids)
+        requests = expand_n(ids, params, rids_per_prompt(rid, len(ids)))
         for i, p, _ in requests:
             self.front.validate(i, p)
         if stream and len(requests) > 1:
@@ -176,15 +180,64 @@ class Engine:
 def normalize_prompts(prompt: str | list[str] | None,
                       input_ids: list[int] | list[list[int]] | None,
                       ) -> tuple[bool, list[str] | list[list[int]]]:
-    """(is it a batch, the prompts as texts or id lists); exactly one of the two is given."""
+    """(is it a batch, the prompts as texts or id lists); exactly one of the two is given.
+    RequestError (naming the argument) for anything else: a text that is not a string of
+    valid Unicode, an id that is not an int (bool and float included). Arrays with
+    `tolist()` (numpy, torch) are read as lists."""
     if (prompt is None) == (input_ids is None):
         raise RequestError("give exactly one of prompt and input_ids")
     if prompt is not None:
-        return (False, [prompt]) if isinstance(prompt, str) else (True, list(prompt))
-    assert input_ids is not None
-    if input_ids and isinstance(input_ids[0], list):
-        return True, [list(x) for x in input_ids]  # type: ignore[arg-type]
-    return False, [list(input_ids)]  # type: ignore[arg-type]
+        batch, texts = (False, [prompt]) if isinstance(prompt, str) else (True, _list(prompt))
+        for text in texts:
+            _check_text(text)
+        return batch, texts
+    input_ids = _list(input_ids)
+    if input_ids and (isinstance(input_ids[0], (list, tuple))
+                      or getattr(input_ids[0], "ndim", 0) == 1):  # a batch (rows may be arrays)
+        rows = [_list(x, "input_ids") for x in input_ids]
+        for row in rows:
+            _check_ids(row)
+        return True, rows
+    _check_ids(input_ids)
+    return False, [input_ids]
+
+
+def _list(x: Any, name: str = "prompt") -> list[Any]:
+    x = x.tolist() if hasattr(x, "tolist") else x
+    if not isinstance(x, (list, tuple)):
+        raise RequestError(f"{name} must be a list, got {type(x).__name__}", param=name)
+    return list(x)
+
+
+def _check_text(text: Any) -> None:
+    if not isinstance(text, str):
+        raise RequestError(f"prompt must be a string or a list of strings, got an item of type "
+                           f"{type(text).__name__}", param="prompt")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError("prompt is not valid Unicode (a lone surrogate)",
+                           param="prompt") from None
+
+
+def _check_ids(ids: list[Any]) -> None:
+    bad = next((t for t in ids if type(t) is not int), None)  # bool is an int subclass
+    if bad is not None:
+        raise RequestError(f"input_ids must hold integers, got {bad!r}", param="input_ids")
+
+
+def rids_per_prompt(rid: Any, prompts: int) -> list[str | None]:
+    """One rid per prompt (or None each); RequestError for a non-string, an empty one or
+    the same one twice."""
+    rids = [rid] if isinstance(rid, str) else [None] * prompts if rid is None else rid
+    if not isinstance(rids, list) or len(rids) != prompts:
+        raise RequestError("rid must be a string, or a list of one per prompt", param="rid")
+    if any(r is not None and (not isinstance(r, str) or not r) for r in rids):
+        raise RequestError("each rid must be a non-empty string", param="rid")
+    named = [r for r in rids if r is not None]
+    if len(set(named)) != len(named):
+        raise RequestError("rid holds the same id twice", param="rid")
+    return rids
 
 
 def per_prompt_params(params: Params, n: int) -> list[SamplingParams]:
@@ -202,7 +255,11 @@ def expand_n(ids: list[list[int]], params: list[SamplingParams], rids: list[str 
     prompt gets seed + i (when seeded) and rid "<rid>-<i>" (when n > 1)."""
     out = []
     for i, p, r in zip(ids, params, rids, strict=True):
-        for copy in range(p.n if isinstance(p.n, int) and p.n > 1 else 1):
+        try:
+            check_n(p.n)  # before the copies, each of which has n = 1
+        except ValueError as e:
+            raise RequestError(str(e), param="n") from None
+        for copy in range(p.n):
             one = dataclasses.replace(p, n=1, stop=list(p.stop), dllm=dict(p.dllm))
             if copy and one.seed is not None:
                 one.seed = copy_seed(one.seed, copy)
@@ -211,6 +268,9 @@ def expand_n(ids: list[list[int]], params: list[SamplingParams], rids: list[str 
 
 
 def _parse(d: dict[str, Any] | None) -> SamplingParams:
+    if d is not None and not isinstance(d, dict):
+        raise RequestError(f"sampling_params must be a dict or a list of dicts, got "
+                           f"{type(d).__name__}", param="sampling_params")
     try:
         return SamplingParams.from_dict(d)
     except (TypeError, ValueError) as e:

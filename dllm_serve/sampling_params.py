@@ -91,8 +91,7 @@ class SamplingParams:
         check_float("min_p", self.min_p, low=0.0, high=1.0)
         _check(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k),
                f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
-        _check(_is_int(self.n) and 1 <= self.n <= MAX_N,
-               f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        check_n(self.n)
         self._verify_stops(vocab_size)
         for flag in ("ignore_eos", "no_stop_trim", "skip_special_tokens",
                      "spaces_between_special_tokens"):
@@ -206,3 +205,8 @@ def is_finite_number(x: object) -> bool:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def check_n(n: Any) -> None:
+    """ValueError unless n (choices per prompt) is an integer in [1, MAX_N]."""
+    _check(_is_int(n) and 1 <= n <= MAX_N, f"n must be an integer in [1, {MAX_N}], got {n!r}")

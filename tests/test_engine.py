@@ -6,6 +6,8 @@ import asyncio
 import os
 import queue
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -271,6 +273,42 @@ def test_bad_requests_raise_and_engine_stays_up(engine: Engine) -> None:
     assert ok["meta_info"]["completion_tokens"] == 4
 
 
+@pytest.mark.parametrize("kwargs,field", [
+    ({"sampling_params": {"n": 0}}, "n must be"),
+    ({"sampling_params": {"n": 129}}, "n must be"),
+    ({"sampling_params": {"n": 1.5}}, "n must be"),
+    ({"sampling_params": {"n": "2"}}, "n must be"),
+    ({"rid": ""}, "rid"), ({"rid": 5}, "rid"),
+    ({"input_ids": [5.7, 6], "prompt": None}, "input_ids must hold integers"),
+    ({"input_ids": [True, 6], "prompt": None}, "input_ids must hold integers"),
+    ({"input_ids": ["a"], "prompt": None}, "input_ids must hold integers"),
+    ({"input_ids": [[5], ["a"]], "prompt": None}, "input_ids must hold integers"),
+    ({"prompt": [123]}, "prompt must be a string"),
+    ({"prompt": "a\ud800b"}, "lone surrogate"),
+    ({"sampling_params": "x"}, "sampling_params must be a dict")])
+def test_malformed_arguments_raise_a_request_error_naming_them(engine: Engine, kwargs: dict,
+                                                                field: str) -> None:
+    """What the HTTP routes' schemas refuse, the offline API refuses too, with a RequestError
+    (n was checked only after the copies had n = 1: 0 ran once, 200 ran 200 requests)."""
+    args = {"prompt": "x", "sampling_params": {"max_new_tokens": 2}, **kwargs}
+    with pytest.raises(RequestError, match=field):
+        engine.generate(**args)
+    assert engine.front.num_pending() == 0
+
+
+def test_ids_as_an_array_and_a_batch_with_a_rid_twice(engine: Engine) -> None:
+    """input_ids as a numpy array are its list; a batch naming one rid twice runs nothing."""
+    ids = np.array([5, 6, 7])
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 2})
+    assert out["output_ids"] == engine.generate(input_ids=[5, 6, 7], sampling_params={
+        "max_new_tokens": 2})["output_ids"]
+    with pytest.raises(RequestError, match="same id twice"):
+        engine.generate(["a", "b"], {"max_new_tokens": 300, "ignore_eos": True},
+                        rid=["dup", "dup"])
+    assert engine.get_server_info()["num_running_reqs"] == 0
+    assert engine.front.num_pending() == 0
+
+
 def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
     params = {"max_new_tokens": 20, "temperature": 1.0, "seed": 7, "ignore_eos": True}
     a, b = engine.generate("s", params), engine.generate("s", params)
@@ -320,6 +358,41 @@ def test_child_crash_fails_requests_and_leaves_no_orphans(tiny_model_dir: Path,
     psutil.wait_procs(children, timeout=10)
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
     e.shutdown()
+
+
+def test_a_request_beyond_the_kv_pool_raises_before_it_runs(tiny_model_dir: Path) -> None:
+    """generate's promise (invalid requests raise before anything runs) holds for a request
+    that fits the context but not the whole KV pool (it once came back as an empty result)."""
+    with make_engine(tiny_model_dir, max_total_tokens=512) as e:
+        with pytest.raises(RequestError, match="KV pool holds"):
+            e.generate("a", {"max_new_tokens": 600})
+        ok = e.generate("a", {"max_new_tokens": 32, "ignore_eos": True})
+        assert ok["meta_info"]["completion_tokens"] == 32
+
+
+NEVER_SHUT_DOWN = """
+import sys
+from dllm_serve import Engine
+
+if __name__ == "__main__":
+    e = Engine(model_path=sys.argv[1], device="cpu", log_level="warning")
+    print(e.front.procs.addrs.to_scheduler, flush=True)
+    e.generate("x", {"max_new_tokens": 2})
+"""
+
+
+def test_an_engine_never_shut_down_stops_cleanly_at_exit(tiny_model_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """A script that leaves without shutdown(): no traceback (the stop once ran in __del__ at
+    interpreter teardown, where messages no longer pickle), no sockets' folder left."""
+    script = tmp_path / "never.py"
+    script.write_text(NEVER_SHUT_DOWN)
+    done = subprocess.run([sys.executable, str(script), str(tiny_model_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    folder = Path(done.stdout.strip()[len("ipc://"):]).parent
+    assert folder.name.startswith("dllm-serve-") and not folder.exists()
 
 
 def test_shutdown_leaves_no_children(tiny_model_dir: Path) -> None:

@@ -20,7 +20,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dllm_serve.engine import expand_n, normalize_prompts, per_prompt_params, result_dict
+from dllm_serve.engine import (
+    expand_n,
+    normalize_prompts,
+    per_prompt_params,
+    result_dict,
+    rids_per_prompt,
+)
 from dllm_serve.errors import RequestError
 from dllm_serve.http.body import parse_request
 from dllm_serve.http.bridge import Choice, Generation, tokenized, until_disconnected
@@ -41,7 +47,7 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
         raise RequestError("Give at least one prompt.", param="text")
     ids = await tokenized(len(body), front.tokenize_all, prompts)
     params = per_prompt_params(_sampling(req.sampling_params), len(ids))
-    requests = expand_n(ids, params, _rids(req.rid, len(ids)))
+    requests = expand_n(ids, params, rids_per_prompt(req.rid, len(ids)))
     if req.stream and len(requests) > 1:
         raise RequestError("stream=true takes a single prompt and n=1", param="stream")
     choices = [Choice(i, p, r or uuid.uuid4().hex) for i, p, r in requests]
@@ -59,15 +65,6 @@ def _sampling(p: Any) -> dict[str, Any] | list[dict[str, Any] | None] | None:
     if isinstance(p, list):
         return [native_params(x) for x in p]  # type: ignore[misc]
     return native_params(p)
-
-
-def _rids(rid: str | list[str] | None, n: int) -> list[str | None]:
-    if rid is None:
-        return [None] * n
-    rids = [rid] if isinstance(rid, str) else rid
-    if len(rids) != n:
-        raise RequestError("rid must have one entry per prompt", param="rid")
-    return list(rids)
 
 
 async def _chunks(gen: Generation, incremental: bool) -> AsyncIterator[dict[str, Any]]:

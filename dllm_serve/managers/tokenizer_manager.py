@@ -10,6 +10,7 @@ EngineDeadError.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import queue
@@ -106,6 +107,7 @@ class TokenizerManager:
         self.closed = False
         self.thread = threading.Thread(target=self._recv_loop, name="front-recv", daemon=True)
         self.thread.start()
+        atexit.register(self.shutdown)  # an engine never shut down still stops cleanly
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -168,12 +170,21 @@ class TokenizerManager:
                 f"tokens. You requested a total of {n + params.max_new_tokens} tokens: {n} "
                 f"tokens from the input and {params.max_new_tokens} tokens for the completion. "
                 f"Please reduce the prompt or max tokens.", param="max_tokens")
+        block = self.config.dllm.block_size
+        need = -(-(n + params.max_new_tokens) // block) * block  # Req.max_end: whole blocks
+        if need > self.kv_capacity:  # the scheduler's check, before anything is sent
+            raise RequestError(
+                f"The request needs {need} KV tokens (prompt + max_new_tokens, whole blocks), "
+                f"more than the whole KV pool holds ({self.kv_capacity}; see "
+                f"--max-total-tokens). Reduce the prompt or max tokens.", param="max_tokens")
 
     def submit(self, input_ids: list[int], params: SamplingParams,
                callback: Callable[[GenOutput], None], rid: str | None = None) -> str:
         """Validate and send one request; callback gets every update, the last one finished."""
         if self.dead is not None:
             raise EngineDeadError(self.dead)
+        if rid is not None and (not isinstance(rid, str) or not rid):
+            raise RequestError(f"rid must be a non-empty string, got {rid!r}", param="rid")
         self.validate(input_ids, params)
         rid = rid or uuid.uuid4().hex
         with self.states_lock:
@@ -311,9 +322,10 @@ class TokenizerManager:
         if self.closed:
             return
         self.closed = True
+        atexit.unregister(self.shutdown)
         try:
             self._send(Shutdown())
-        except zmq.ZMQError:
+        except Exception:  # closed sockets, or an interpreter tearing down: stop by signals
             pass
         self.procs.kill(grace=SHUTDOWN_GRACE_S)  # the children stop on Shutdown; then signals
         self.thread.join(timeout=2.0)
