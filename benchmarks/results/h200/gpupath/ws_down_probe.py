@@ -12,6 +12,12 @@ probe builds that h by gathering the served h. y is stored at the assignments' r
 so the choice sum is unchanged.
 
     python3 benchmarks/results/h200/gpupath/ws_down_probe.py OUT.json
+    python benchmarks/results/h200/gpupath/ws_down_probe.py --sm90   # no GPU: triton 3.6
+
+`--sm90` compiles the kernel for sm_90 without a GPU (as sm90_compile.py does) and prints, per
+tile, whether the warp specialization applied and the consumers' accumulator shapes: with
+128-row tiles two consumers of 64 rows each; with 64-row tiles both consumers hold the whole
+tile (each computes it).
 
 Prints, per token count, the served down GEMM (its launch table's launch, 64-row blocks) and
 each warp-specialized launch (128-row blocks), in us a layer, the largest difference of y
@@ -114,7 +120,41 @@ def slot_h(h: torch.Tensor, blocks, t: int, all_blocks: int, bm: int) -> torch.T
     return h.index_select(0, torch.cat([routed, shared])).contiguous()
 
 
+def sm90() -> None:
+    """Compile for sm_90 (no GPU) and summarise the warp specialization of each tile."""
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = _down_ws_kernel
+    names = list(fn.arg_names)
+    for bm, bn, bk, stages in ((128, 128, 64, 3), (128, 64, 64, 4), (64, 128, 64, 3)):
+        sig = {"HDesc": f"tensordesc<bf16[{bm}, {bk}]>", "WDesc": f"tensordesc<bf16[{bn}, {bk}]>",
+               "Y": "*bf16", "SortedRows": "*i32", "BlockExpert": "*i32", "NumSlots": "*i32"}
+        sig.update({n: "i32" for n in names if n not in sig and n[0].islower()})
+        for ws in (False, True):
+            const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_MAJOR=True, WS=ws,
+                         STAGES=stages)
+            src = ASTSource(fn=fn, signature={n: sig.get(n, "constexpr") for n in names},
+                            constexprs={(names.index(k),): v for k, v in const.items()},
+                            attrs={(names.index(n),): [["tt.divisibility", 16]]
+                                   for n in ("Y", "SortedRows", "BlockExpert", "NumSlots",
+                                             "hidden", "inter")})
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 4, "num_stages": stages})
+            ir = k.asm["ttgir"]
+            accs = sorted(set(re.findall(r"tensor<(\d+x\d+)xf32, #mma", ir)))
+            print(f"{bm}x{bn}x{bk} stages {stages} ws={ws}: warp_specialize "
+                  f"{'ttg.warp_specialize(' in ir}, partitions {ir.count('partition')}, "
+                  f"wgmma {ir.count('warp_group_dot ')}, accumulators {accs}, "
+                  f"smem {k.metadata.shared}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--sm90"]:
+        sm90()
+        return
     out = sys.argv[1] if len(sys.argv) > 1 else "ws_down_probe.json"
     torch.manual_seed(0)
     dev = "cuda"
