@@ -59,9 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-major", type=int, nargs="+", default=[0, 1], choices=[0, 1],
                    help="program orders to try at the best launch (1: a block's N tiles "
                         "together, 0: an N tile's blocks together)")
-    p.add_argument("--ws", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="1: also the warp-specialized down GEMM (MoeLaunch.ws) at every tile "
-                        "and stage count, on blocks of --block-m 128 (fused_moe.WS_BLOCK_M)")
     p.add_argument("--search", choices=["staged", "full"], default="staged")
     p.add_argument("--iters", type=int, default=10, help="timed repetitions (median)")
     p.add_argument("--launches", type=int, default=5, help="back-to-back launches per timing")
@@ -107,8 +104,7 @@ class Case:
         self.weight_bytes = {"up": 2 * touched * per_expert, "down": touched * per_expert}
 
     def up(self, launch: MoeLaunch) -> torch.Tensor:
-        split = self.blocks.block_m // fm.WS_UP_M if self.blocks.block_m == fm.WS_BLOCK_M else 1
-        return fm.up_proj(self.x, self.w13, self.blocks, self.shape.top_k, launch, split=split)
+        return fm.up_proj(self.x, self.w13, self.blocks, self.shape.top_k, launch)
 
     def down(self, launch: MoeLaunch) -> torch.Tensor:
         return fm.down_proj(self.h, self.w2, self.blocks, launch)
@@ -155,7 +151,7 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def launch_of(row: dict[str, Any]) -> MoeLaunch:
     return MoeLaunch(row["block_n"], row["block_k"], row["num_warps"], row["num_stages"],
-                     bool(row.get("block_major", False)), bool(row.get("ws", False)))
+                     bool(row.get("block_major", False)))
 
 
 def default_or_first(values: list[int], default: int) -> int:
@@ -189,9 +185,6 @@ def sweep_kernel(ns: argparse.Namespace, case: Case, kernel: str) -> list[dict[s
     top = best(list(done.values()))
     if top is not None:
         run_all([replace(launch_of(top), block_major=bool(b)) for b in ns.block_major])
-    if kernel == "down" and 1 in ns.ws and case.blocks.block_m == fm.WS_BLOCK_M:
-        run_all([MoeLaunch(n, k, 4, s, block_major=True, ws=True) for n, k, s in
-                 itertools.product(ns.block_n, ns.block_k, ns.stages)])
     return list(done.values())
 
 

@@ -334,21 +334,6 @@ def test_moe_tune_smoke_on_the_cpu(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["table"] == result["table"]
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-def test_moe_tune_sweeps_the_warp_specialized_down_gemm() -> None:
-    """--ws 1 on 128-row blocks: the down sweep adds warp-specialized launches, each equal to
-    the default launch's output, and the table can name one."""
-    from benchmarks import moe_tune
-
-    result = moe_tune.main(["--device", "cpu", "--preset", "tiny", "--tokens", "16",
-                            "--block-m", "128", "--ws", "1", "--block-n", "32", "--block-k",
-                            "32", "--warps", "4", "--stages", "2", "--iters", "1",
-                            "--launches", "1"])
-    ws = [r for r in result["rows"] if r.get("ws")]
-    assert ws and all(r["kernel"] == "down" and r["max_abs_err"] < 1e-4 for r in ws)
-    assert moe_tune.launch_of(ws[0]).ws
-
-
 def test_runtime_bench_sizes_interleaved_pools_from_the_models_context() -> None:
     """Interleaved engines of the built-in model get a KV pool of (C + 1) contexts, the
     context read from the model's own config (not a constant beside it)."""
