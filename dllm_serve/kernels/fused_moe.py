@@ -34,12 +34,10 @@ L2 (the down projection's h at 2048 tokens: 19 MB, 16 N tiles). Oracle: `layers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from dllm_serve.kernels import launch_fit, moe_align
 from dllm_serve.kernels.moe_align import (
@@ -113,9 +111,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
         if norm is None:
             return empty
         return empty, empty.to(torch.promote_types(x.dtype, norm[0].dtype))  # sum_choices' dtype
-    # tokens a call takes: h's rows are the blocks' slots, at most (K + 1) T + (E + 2) block_m
-    width = max(hidden, w2.shape[2])
-    step = max(1, (MAX_ELEMENTS // width - (w2.shape[0] + 2) * WS_BLOCK_M) // (k + 1))
+    step = max(1, MAX_ELEMENTS // ((k + 1) * max(hidden, w2.shape[2])))  # tokens a call takes
     if t > step:  # ~116k tokens at LLaDA2.0-mini's widths: a prefill chunk that large, in parts
         parts = [fused_experts(x[i:i + step], w13, w2, topk_ids[i:i + step],
                                topk_weights[i:i + step], launches,
@@ -131,16 +127,13 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
                              f"choice sum takes two: the shared expert's and it); got "
                              f"{len(addends)}")
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    blocks = expert_blocks(topk_ids, w2.shape[0], block_m)
     up, down = launches or choose_moe_launches(t * k)
-    if down.ws and not ws_supported(w2):
-        down = replace(down, ws=False)
-    blocks = expert_blocks(topk_ids, w2.shape[0], block_m or (WS_BLOCK_M if down.ws else None))
-    split = blocks.block_m // WS_UP_M if down.ws else 1  # up programs per block
     if shared is None:
-        h = up_proj(x, w13, blocks, k, up, split=split)  # (slots, I)
+        h = up_proj(x, w13, blocks, k, up)  # (A, I)
         y = down_proj(h, w2, blocks, down)  # (A, hidden)
         return sum_choices(y, topk_weights, x.dtype, addends, norm)
-    h = up_proj(x, w13, blocks, k, up, shared[0].contiguous(), split)  # (slots + shared, I)
+    h = up_proj(x, w13, blocks, k, up, shared[0].contiguous())  # (A + T, I)
     y = down_proj(h, w2, blocks, down, shared[1].contiguous(), t)  # (A + T, hidden)
     a = t * k
     return sum_choices(y[:a], topk_weights, x.dtype, (y[a:], *addends), norm)
@@ -166,94 +159,46 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int | None 
 
 
 def up_proj(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int,
-            launch: MoeLaunch, shared: torch.Tensor | None = None, split: int = 1
-            ) -> torch.Tensor:
-    """x (T, hidden), w13 (E, 2I, hidden), both contiguous -> h (slots, I) in x.dtype, in *slot
-    order* (`h_rows`): slot s = silu(gate) * up of the token of the assignment the blocks put
-    there (rows of padding slots are not written). With `shared` (2I, hidden) contiguous, the
-    shared expert's blocks (cdiv(T, block_m) more, over tokens 0..T-1) follow. `split`
-    programs share a block's rows (block_m / split each; a part of only padding skips)."""
+            launch: MoeLaunch, shared: torch.Tensor | None = None) -> torch.Tensor:
+    """x (T, hidden), w13 (E, 2I, hidden), both contiguous -> h (A, I) in x.dtype, A = T * top_k:
+    row a = silu(gate) * up of token a // top_k through its expert. With `shared` (2I, hidden)
+    contiguous: h (A + T, I), row A + t = token t through it (cdiv(T, block_m) more blocks)."""
     t, hidden, inter = x.shape[0], x.shape[1], w13.shape[1] // 2
+    a = t * top_k
     extra = 0 if shared is None else triton.cdiv(t, blocks.block_m)
-    h = x.new_empty(h_rows(blocks, extra), inter)
+    h = x.new_empty(a + (0 if shared is None else t), inter)
     all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
-        _up_kernel[(all_blocks * split * triton.cdiv(inter, run.block_n),)](
+        _up_kernel[(all_blocks * triton.cdiv(inter, run.block_n),)](
             x, w13, w13 if shared is None else shared, h, blocks.sorted_rows,
             blocks.block_expert, blocks.num_slots, w13.stride(0), blocks.max_blocks,
-            all_blocks, t * top_k, t, hidden, inter, TOP_K=top_k, SPLIT=split,
-            **launch_args(blocks, run, blocks.block_m // split))
+            all_blocks, a, t, hidden, inter, TOP_K=top_k, **launch_args(blocks, run))
 
-    _run_fitting("up", blocks.block_m // split, launch, go)
+    _run_fitting("up", blocks.block_m, launch, go)
     return h
-
-
-def h_rows(blocks: ExpertBlocks, extra_blocks: int) -> int:
-    """Rows of h: one per slot of every block (routed, then `extra_blocks` shared)."""
-    return (blocks.max_blocks + extra_blocks) * blocks.block_m
 
 
 def down_proj(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: MoeLaunch,
               shared: torch.Tensor | None = None, tokens: int = 0) -> torch.Tensor:
-    """h (slots, I) in slot order (`up_proj`'s), w2 (E, hidden, I) contiguous -> y (A, hidden)
-    in h.dtype at the assignments' rows: row a = its slot's h through its expert's down
-    projection (fp32 accumulation, rounded once). With `shared` (hidden, I) contiguous and
-    `tokens` = T > 0: the shared expert's blocks too, y (A + T, hidden), row A + t token t's.
-    `launch.ws`: the warp-specialized kernel (blocks of WS_BLOCK_M rows, `ws_supported`)."""
+    """h (A, I), w2 (E, hidden, I) contiguous -> y (A, hidden) in h.dtype: row a = h[a] through
+    its expert's down projection (fp32 accumulation, rounded once). With `shared` (hidden, I)
+    contiguous and `tokens` = T > 0: h (A + T, I) from up_proj's shared expert, y (A + T,
+    hidden)."""
     if shared is not None and tokens <= 0:
         raise ValueError("down_proj with a shared expert needs its token count (h's last rows)")
-    inter, hidden = h.shape[1], w2.shape[1]
+    (rows, inter), hidden = h.shape, w2.shape[1]
+    a = rows - (0 if shared is None else tokens)
     extra = 0 if shared is None else triton.cdiv(tokens, blocks.block_m)
-    a = blocks.num_assignments
-    y = h.new_empty(a + tokens if shared is not None else a, hidden)
-    if launch.ws:
-        _down_ws(h, w2, blocks, launch, shared, tokens, extra, y)
-        return y
+    y = h.new_empty(rows, hidden)
     all_blocks = blocks.max_blocks + extra
     def go(run: MoeLaunch) -> None:
         _down_kernel[(all_blocks * triton.cdiv(hidden, run.block_n),)](
             h, w2, w2 if shared is None else shared, y, blocks.sorted_rows,
             blocks.block_expert, blocks.num_slots, w2.stride(0), blocks.max_blocks,
-            all_blocks, a, tokens if shared is not None else 0, hidden, inter,
-            **launch_args(blocks, run, blocks.block_m))
+            all_blocks, a, rows - a, hidden, inter, **launch_args(blocks, run))
 
     _run_fitting("down", blocks.block_m, launch, go)
     return y
-
-
-WS_BLOCK_M = 128  # rows of the blocks the warp-specialized down GEMM takes: two consumer warp
-# groups of 64 rows each (with 64-row tiles Triton's specialization has each consumer compute
-# the whole tile: benchmarks/results/h200/gpupath/ws_down_sm90_triton36.txt)
-WS_UP_M = 64  # rows of an up GEMM program over those blocks: two programs a block, as the
-# 64-row blocks ran (an expert's second half, often all padding, skips)
-
-
-def ws_supported(w2: torch.Tensor) -> bool:
-    """The warp-specialized down GEMM can serve these weights here: Hopper or later (or the
-    interpreter), and rows of 16-byte multiples (a tensor descriptor's strides)."""
-    if w2.shape[2] * w2.element_size() % 16:
-        return False
-    return interpreted() or (w2.is_cuda and torch.cuda.get_device_capability(w2.device)[0] >= 9)
-
-
-def _down_ws(h: torch.Tensor, w2: torch.Tensor, blocks: ExpertBlocks, launch: MoeLaunch,
-             shared: torch.Tensor | None, tokens: int, extra: int, y: torch.Tensor) -> None:
-    """The down GEMM by `_down_ws_kernel`: the routed blocks, then the shared expert's (a
-    second launch: one kernel's loop specializes with one weight descriptor only)."""
-    bm, (experts, hidden, inter) = blocks.block_m, w2.shape
-    a_desc = TensorDescriptor.from_tensor(h, [bm, launch.block_k])
-    n_tiles = triton.cdiv(hidden, launch.block_n)
-    parts = [(w2.view(experts * hidden, inter), 0, blocks.max_blocks)]
-    if shared is not None:
-        parts.append((shared, blocks.max_blocks, extra))
-    for weights, first, count in parts:
-        w_desc = TensorDescriptor.from_tensor(weights, [launch.block_n, launch.block_k])
-        _down_ws_kernel[(count * n_tiles,)](
-            a_desc, w_desc, y, blocks.sorted_rows, blocks.block_expert, blocks.num_slots,
-            first, blocks.max_blocks, blocks.num_assignments, tokens, hidden, inter,
-            BLOCK_M=bm, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-            STAGES=launch.num_stages, DOT_F32=interpreted(), num_warps=launch.num_warps,
-            num_stages=launch.num_stages)
 
 
 def fell_back(kernel: str, block_m: int, launch: MoeLaunch) -> bool:
@@ -269,9 +214,8 @@ def _run_fitting(kernel: str, block_m: int, launch: MoeLaunch,
     launch_fit.run_fitting((kernel, block_m), (launch, DEFAULT_LAUNCH), go)
 
 
-def launch_args(blocks: ExpertBlocks, launch: MoeLaunch, block_m: int) -> dict[str, int | bool]:
-    """The GEMM kernels' launch keywords; `block_m` rows a program (a block's, or a part's)."""
-    return dict(BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+def launch_args(blocks: ExpertBlocks, launch: MoeLaunch) -> dict[str, int | bool]:
+    return dict(BLOCK_M=blocks.block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
                 BLOCK_MAJOR=launch.block_major, DIRECT_K=blocks.direct_top_k,
                 DIRECT_KP=next_pow2(max(blocks.direct_top_k, 1)), DOT_F32=interpreted(),
                 num_warps=launch.num_warps, num_stages=launch.num_stages)
@@ -280,44 +224,37 @@ def launch_args(blocks: ExpertBlocks, launch: MoeLaunch, block_m: int) -> dict[s
 @triton.jit
 def _block_rows(SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows,
                 num_shared, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
-                SPLIT: tl.constexpr = 1):
+                BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr):
     """This program's tile: (its block's expert, -1 when unused; whether it is a block of the
-    shared expert (those follow the max_blocks routed ones); rows of y (assignments); row
-    validity; output columns (BLOCK_N,) of n_cols; slots (BLOCK_M,): its rows of h). The
-    shared expert's rows are num_rows + t for its num_shared tokens t. BLOCK_MAJOR: program
-    ids run a block's N tiles consecutively, then the next block's; else one N tile's blocks,
-    then the next N tile's. Either way the blocks of one expert run side by side and share its
-    weight tiles through L2. SPLIT > 1: a block of SPLIT * BLOCK_M rows, part p of it this
-    program's (a part holding only padding is unused). DIRECT_K > 0: the direct layout
-    (ExpertBlocks), routed block e is expert e's (`_direct_rows`)."""
+    shared expert (those follow the max_blocks routed ones); rows of h / y; row validity;
+    output columns (BLOCK_N,) of n_cols). The shared expert's rows are num_rows + t for its
+    num_shared tokens t. BLOCK_MAJOR: program ids run a block's N tiles consecutively, then
+    the next block's; else one N tile's blocks, then the next N tile's. Either way the blocks
+    of one expert run side by side and share its weight tiles through L2. DIRECT_K > 0: the
+    direct layout (ExpertBlocks), routed block e is expert e's (`_direct_rows`)."""
     if BLOCK_MAJOR:
         n_tiles = tl.cdiv(n_cols, BLOCK_N)
-        part = tl.program_id(0) // n_tiles
+        block = tl.program_id(0) // n_tiles
         n_tile = tl.program_id(0) % n_tiles
     else:
-        part = tl.program_id(0) % (all_blocks * SPLIT)
-        n_tile = tl.program_id(0) // (all_blocks * SPLIT)
-    block = part // SPLIT
+        block = tl.program_id(0) % all_blocks
+        n_tile = tl.program_id(0) // all_blocks
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     shared = block >= max_blocks
     m = tl.arange(0, BLOCK_M)
-    slots = part * BLOCK_M + m  # block * SPLIT * BLOCK_M + its part's rows
     if DIRECT_K > 0:
         expert, routed_rows = _direct_rows(SortedRows, block, num_rows, DIRECT_K, DIRECT_KP,
                                            BLOCK_M)
     else:
         routed = tl.minimum(block, max_blocks - 1)  # in bounds either way
         expert = tl.load(BlockExpert + routed)
-        expert = tl.where(block * SPLIT * BLOCK_M < tl.load(NumSlots), expert, -1)
-        routed_rows = tl.load(SortedRows + tl.minimum(slots, max_blocks * SPLIT * BLOCK_M - 1))
+        expert = tl.where(block * BLOCK_M < tl.load(NumSlots), expert, -1)
+        routed_rows = tl.load(SortedRows + routed * BLOCK_M + m)
     expert = tl.where(shared, 0, expert)
-    rows = tl.where(shared, num_rows + slots - max_blocks * SPLIT * BLOCK_M,
+    rows = tl.where(shared, num_rows + (block - max_blocks) * BLOCK_M + m,
                     routed_rows)  # (BLOCK_M,)
     valid = tl.where(shared, rows < num_rows + num_shared, rows < num_rows)
-    if SPLIT > 1:
-        expert = tl.where(tl.max(valid.to(tl.int32), 0) > 0, expert, -1)
-    return expert, shared, rows, valid, n, slots
+    return expert, shared, rows, valid, n
 
 
 @triton.jit
@@ -350,13 +287,13 @@ def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we,
                all_blocks, num_rows, num_tokens, hidden, inter, TOP_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_MAJOR: tl.constexpr, DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr,
-               DOT_F32: tl.constexpr, SPLIT: tl.constexpr):
-    """h[s, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]) for the
-    assignment a at slot s; the shared expert's rows num_rows + t: the same of token t through
-    WShared."""
-    expert, shared, rows, valid, n, slots = _block_rows(
-        SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows, num_tokens, inter,
-        BLOCK_M, BLOCK_N, BLOCK_MAJOR, DIRECT_K, DIRECT_KP, SPLIT)
+               DOT_F32: tl.constexpr):
+    """h[a, n] = silu(x[a // TOP_K] . w13[e, n]) * (x[a // TOP_K] . w13[e, inter + n]); the
+    shared expert's rows num_rows + t: the same of token t through WShared."""
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_tokens,
+                                                 inter, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
     if expert >= 0:
         n_ok = n < inter
         tokens = tl.where(rows < num_rows, rows // TOP_K, rows - num_rows)
@@ -375,7 +312,7 @@ def _up_kernel(X, W13, WShared, H, SortedRows, BlockExpert, NumSlots, stride_we,
             gate += dot(a, w_gate, DOT_F32)
             up += dot(a, w_up, DOT_F32)
         h = gate * tl.sigmoid(gate) * up
-        tl.store(H + slots[:, None] * inter + n[None, :], h.to(H.dtype.element_ty),
+        tl.store(H + rows[:, None] * inter + n[None, :], h.to(H.dtype.element_ty),
                  mask=valid[:, None] & n_ok[None, :])
 
 
@@ -384,11 +321,12 @@ def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we
                  all_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
                  DIRECT_K: tl.constexpr, DIRECT_KP: tl.constexpr, DOT_F32: tl.constexpr):
-    """y[a, n] = h[s] . w2[e, n] for the assignment a at slot s (WShared for the shared
-    expert's rows), accumulated in fp32, stored in Y's dtype."""
-    expert, shared, rows, valid, n, slots = _block_rows(
-        SortedRows, BlockExpert, NumSlots, max_blocks, all_blocks, num_rows, num_shared, hidden,
-        BLOCK_M, BLOCK_N, BLOCK_MAJOR, DIRECT_K, DIRECT_KP, 1)
+    """y[a, n] = h[a] . w2[e, n] (WShared for the shared expert's rows), accumulated in fp32,
+    stored in Y's dtype."""
+    expert, shared, rows, valid, n = _block_rows(SortedRows, BlockExpert, NumSlots,
+                                                 max_blocks, all_blocks, num_rows, num_shared,
+                                                 hidden, BLOCK_M, BLOCK_N, BLOCK_MAJOR,
+                                                 DIRECT_K, DIRECT_KP)
     if expert >= 0:
         n_ok = n < hidden
         w = _expert_weight(W2, WShared, expert, shared, stride_we)
@@ -396,50 +334,10 @@ def _down_kernel(H, W2, WShared, Y, SortedRows, BlockExpert, NumSlots, stride_we
         for k0 in range(0, inter, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < inter
-            a = tl.load(H + slots[:, None] * inter + kk[None, :],
+            a = tl.load(H + rows[:, None] * inter + kk[None, :],
                         mask=valid[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
             wt = tl.load(w + n[None, :] * inter + kk[:, None],
                          mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
             acc += dot(a, wt, DOT_F32)
         tl.store(Y + rows[:, None] * hidden + n[None, :], acc.to(Y.dtype.element_ty),
                  mask=valid[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _down_ws_kernel(HDesc, WDesc, Y, SortedRows, BlockExpert, NumSlots, first_block,
-                    max_blocks, num_rows, num_shared, hidden, inter, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                    DOT_F32: tl.constexpr):
-    """`_down_kernel`'s y for blocks first_block.. (block-major), warp-specialized: HDesc a
-    descriptor over h (slots, inter) whose block b is rows b * BLOCK_M.., WDesc over the
-    weights' rows (E * hidden, inter) for routed blocks, or the shared expert's (hidden,
-    inter) for first_block >= max_blocks (its expert 0). Every operand of the K loop comes
-    through a descriptor, so Triton (3.6 on Hopper) splits the loop into a producer warp group
-    issuing the bulk copies and two consumer warp groups of BLOCK_M / 2 rows issuing the
-    MMAs. Rows of h past inter (and of a shared weight past hidden) load as zeros; an N tile
-    past an expert's hidden rows reads the next expert's, in columns the store masks."""
-    n_tiles = tl.cdiv(hidden, BLOCK_N)
-    block = first_block + tl.program_id(0) // n_tiles
-    n_tile = tl.program_id(0) % n_tiles
-    m = tl.arange(0, BLOCK_M)
-    shared = block >= max_blocks
-    routed = tl.minimum(block, max_blocks - 1)  # in bounds either way
-    expert = tl.load(BlockExpert + routed)
-    expert = tl.where(block * BLOCK_M < tl.load(NumSlots), expert, -1)
-    expert = tl.where(shared, 0, expert)
-    rows = tl.where(shared, num_rows + (block - max_blocks) * BLOCK_M + m,
-                    tl.load(SortedRows + routed * BLOCK_M + m))
-    valid = tl.where(shared, rows < num_rows + num_shared, rows < num_rows)
-    if expert >= 0:
-        w_row = expert * hidden + n_tile * BLOCK_N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in tl.range(0, inter, BLOCK_K, warp_specialize=True, num_stages=STAGES):
-            a = HDesc.load([block * BLOCK_M, k0])
-            w = WDesc.load([w_row, k0])
-            if DOT_F32:  # the interpreter (see triton_utils.dot)
-                acc += tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32))
-            else:
-                acc = tl.dot(a, tl.trans(w), acc)
-        n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(Y + rows[:, None] * hidden + n[None, :], acc.to(Y.dtype.element_ty),
-                 mask=valid[:, None] & (n < hidden)[None, :])

@@ -41,24 +41,10 @@ class ExpertBlocks:
     block_m: int
     direct_top_k: int = 0  # > 0: the direct layout, top-k choices per token
     num_experts: int = 0  # the direct layout's blocks (one per expert)
-    num_assignments: int = 0  # A = T * top_k (the padding slots' value in sorted_rows)
 
     @property
     def max_blocks(self) -> int:
         return self.num_experts if self.direct_top_k else self.block_expert.shape[0]
-
-    def slot_assignments(self) -> torch.Tensor:
-        """(max_blocks * block_m,) the assignment at each routed slot (the GEMMs' h rows), A
-        where a slot is padding: sorted_rows, or in the direct layout slot e * block_m + m
-        token m's choice of e."""
-        if not self.direct_top_k:
-            return self.sorted_rows
-        a, k, bm = self.num_assignments, self.direct_top_k, self.block_m
-        out = torch.full((self.num_experts * bm,), a, dtype=torch.int32,
-                         device=self.sorted_rows.device)
-        assignment = torch.arange(a, device=out.device)
-        return out.scatter_(0, self.sorted_rows.long() * bm + assignment // k,
-                            assignment.to(torch.int32))
 
 
 def direct_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
@@ -67,7 +53,7 @@ def direct_blocks(topk_ids: torch.Tensor, num_experts: int) -> ExpertBlocks:
     t, k = topk_ids.shape
     flat = topk_ids.reshape(-1)
     return ExpertBlocks(flat, flat, flat, max(16, next_pow2(t)), direct_top_k=k,
-                        num_experts=num_experts, num_assignments=t * k)
+                        num_experts=num_experts)
 
 
 def choose_block_m(num_assignments: int, num_experts: int) -> int:
@@ -101,5 +87,4 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
     block_expert = torch.searchsorted(padded_end, block_start, right=True)
     used = block_start < padded_end[-1]
     block_expert = torch.where(used, block_expert, -1).to(torch.int32)
-    return ExpertBlocks(sorted_rows, block_expert, padded_end[-1:].to(torch.int32), block_m,
-                        num_assignments=a)
+    return ExpertBlocks(sorted_rows, block_expert, padded_end[-1:].to(torch.int32), block_m)

@@ -14,16 +14,13 @@ class MoeLaunch:
     N tiles at consecutive program ids (the block's input rows read once through L2), else
     one N tile's blocks (each N tile re-reads every block's input rows, which at thousands of
     rows no longer stay in L2). Any values are correct (loads and stores are masked); they
-    only change speed. `ws` (a down launch only; its programs are block-major): the
-    warp-specialized down GEMM (kernels/fused_moe.py `_down_ws_kernel`), h and the weights
-    through tensor descriptors, on blocks of WS_BLOCK_M rows."""
+    only change speed."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     block_major: bool = False
-    ws: bool = False
 
 
 DEFAULT_LAUNCH = MoeLaunch(block_n=64, block_k=64, num_warps=4, num_stages=3)

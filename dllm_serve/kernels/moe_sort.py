@@ -70,7 +70,7 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Ex
     _place_kernel[(chunks + max_blocks,)](flat, prefix, totals, sorted_rows, block_expert,
                                           num_slots, a, chunks, E=e, CHUNK=CHUNK, BM=block_m,
                                           num_warps=PLACE_WARPS)
-    return ExpertBlocks(sorted_rows, block_expert, num_slots, block_m, num_assignments=a)
+    return ExpertBlocks(sorted_rows, block_expert, num_slots, block_m)
 
 
 @triton.jit
