@@ -48,6 +48,9 @@ def test_a_repeated_prompt_hits_and_shows_in_info_and_metrics(server: Server) ->
     assert metric(server, "dllm:kv_pages_used") == 0  # cached but unused: evictable
     load = server.get("/get_load").json()[0]  # and no load for sglang-router's policies
     assert load["num_reqs"] == 0 and load["num_tokens"] == 0
+    native = server.post("/generate", {"text": PROMPT + "Q1", "sampling_params": {
+        "max_new_tokens": 8, "ignore_eos": True}}).json()["meta_info"]
+    assert native["cached_tokens"] == native["prompt_tokens"] // 32 * 32 > 0  # bench_serving's
 
 
 def test_flush_cache_is_refused_while_a_request_runs(server: Server) -> None:

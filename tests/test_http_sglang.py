@@ -114,6 +114,10 @@ def test_extreme_floats_are_served_or_named(server: Server, route: str, field: s
 def test_info_routes(server: Server) -> None:
     info = ok(server.get("/server_info"))
     assert info["internal_states"][0]["kv_pool"] == info["kv_pool"]
+    # what sglang-router --dp-aware and bench_one_batch_server read
+    assert info["dp_size"] == 1 and info["tokenizer_path"] == info["model_path"]
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == info[
+        "max_running_requests"]
     assert ok(server.get("/get_server_info"))["served_model_name"] == "tiny"
     model = ok(server.get("/model_info"))
     assert model == ok(server.get("/get_model_info")) and model["is_generation"]

@@ -20,6 +20,8 @@ from dllm_serve.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ALIAS = "default"  # SGLang's default `model`; always accepted
+# sglang-router's `model` for a request that names none (it fills the field in): no name given
+ROUTER_NO_MODEL = "unknown"
 INFO_TIMEOUT_S = 10.0
 
 
@@ -51,8 +53,9 @@ class ServerContext:
         return self.front
 
     def check_model(self, model: str | None) -> None:
-        """404 unless `model` is absent, "default" or the served name."""
-        if model not in (None, DEFAULT_MODEL_ALIAS, self.model_name):
+        """404 unless `model` is absent, "default", sglang-router's "unknown" (a request that
+        named none) or the served name."""
+        if model not in (None, DEFAULT_MODEL_ALIAS, ROUTER_NO_MODEL, self.model_name):
             raise APIError(404, f"The model '{model}' does not exist; this server serves "
                            f"'{self.model_name}'.", param="model", code="model_not_found")
 
@@ -89,10 +92,13 @@ class ServerContext:
         args = dict(self.args.__dict__)
         if args.get("api_key") is not None:
             args["api_key"] = "<hidden>"
+        args["tokenizer_path"] = args["tokenizer_path"] or str(args["model_path"])  # as used
         scheduler = self.scheduler_info()
-        return {**args, "served_model_name": self.model_name,
+        rank = {**scheduler,  # what SGLang's clients read from a data-parallel rank
+                "effective_max_running_requests_per_dp": self.args.max_running_requests}
+        return {**args, "served_model_name": self.model_name, "dp_size": 1,
                 "context_length": self.context_length, "version": __version__, **scheduler,
-                "internal_states": [scheduler]}
+                "internal_states": [rank]}
 
     def model_info(self) -> dict[str, Any]:
         """GET /model_info (SGLang's keys)."""

@@ -95,6 +95,7 @@ class ReqOutput:
     blocks: int = 0  # committed generation blocks
     block_forwards: list[int] = field(default_factory=list)  # per block; sent with the last output
     block_edits: list[int] = field(default_factory=list)  # per block; sent with the last output
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (SGLang's meta_info key)
 
 
 @dataclass
@@ -112,7 +113,7 @@ class BatchOutput:
         data = _raw(np.concatenate(ids)) if ids else b""
         return _unpack_outputs, ([(o.rid, len(i), o.finished, o.finish_reason, o.prompt_tokens,
                                    o.completion_tokens, o.forward_steps, o.denoise_steps,
-                                   o.blocks, o.block_forwards, o.block_edits)
+                                   o.blocks, o.block_forwards, o.block_edits, o.cached_tokens)
                                   for o, i in zip(self.outputs, ids, strict=True)], data)
 
 

@@ -47,6 +47,7 @@ class Req:
     holding: Holding | None = None  # slot and pages, once admitted
     mapped_pages: int = 0  # leading pages of holding.pages the worker has mapped
     committed_len: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache gave at admission
     dllm_incomplete_ids: np.ndarray | None = None  # (n, block_size) int64
     dllm_algo_state: list[dict[str, np.ndarray] | None] | None = None  # n states
     block_steps: list[int] = field(default_factory=list)  # forwards each unfinished block had

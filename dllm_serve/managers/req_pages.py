@@ -35,7 +35,7 @@ class ReqPages:
         """Admit `req` into the allocator: a slot, the cached prefix `match` (committed at
         once), pages reserved for the rest, and its first pages mapped on the worker."""
         req.holding = self.alloc.admit(req.max_end, match)
-        req.committed_len = self.alloc.cached_end(req.holding)
+        req.committed_len = req.cached_tokens = self.alloc.cached_end(req.holding)
         self.prompt_tokens["hit_tokens"] += req.committed_len
         self.prompt_tokens["miss_tokens"] += req.prompt_len - req.committed_len
         self.map(req, req.prefill_end + self.config.mapped_blocks * self.config.block_size)

@@ -311,7 +311,8 @@ class Scheduler:
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             forward_steps=req.forward_steps, denoise_steps=req.denoise_steps, blocks=req.blocks,
             block_forwards=list(req.block_forwards) if req.finished else [],
-            block_edits=list(req.block_edits) if req.finished else [])
+            block_edits=list(req.block_edits) if req.finished else [],
+            cached_tokens=req.cached_tokens)
 
     # ---- introspection --------------------------------------------------------------------
 

@@ -288,6 +288,7 @@ class TokenizerManager:
         delta = state.detok.update(state.output_ids, out.finish_reason)
         meta = {"id": out.rid, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                "cached_tokens": out.cached_tokens,
                 "forward_steps": out.forward_steps, "denoise_steps": out.denoise_steps,
                 "blocks": out.blocks,
                 "block_forwards": out.block_forwards, "block_edits": out.block_edits,
