@@ -162,7 +162,7 @@ def main() -> None:
     w2 = torch.randn(E + 1, HIDDEN, INTER, device=dev, dtype=torch.bfloat16) * 0.02
     s13 = torch.randn(2 * INTER, HIDDEN, device=dev, dtype=torch.bfloat16) * 0.02
     rate = copy_rate()
-    floor_us = w2[:E].numel() * 2 / (rate / 2) * 1e6  # weights read once at half the copy rate
+    floor_us = w2[:E].numel() * 2 / rate * 1e6  # weights read once at the copy rate
     result = {"device": torch.cuda.get_device_name(), "copy_rate": rate,
               "weights_floor_us": floor_us, "rows": []}
     print(f"{result['device']}: copy {rate / 1e12:.2f} TB/s, down weights {floor_us:.1f} us")
