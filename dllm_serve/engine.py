@@ -178,14 +178,14 @@ class Engine:
 
 
 def normalize_prompts(prompt: str | list[str] | None,
-                      input_ids: list[int] | list[list[int]] | None,
+                      input_ids: list[int] | list[list[int]] | None, text_name: str = "prompt",
                       ) -> tuple[bool, list[str] | list[list[int]]]:
     """(is it a batch, the prompts as texts or id lists); exactly one of the two is given.
     RequestError (naming the argument) for anything else: a text that is not a string of
     valid Unicode, an id that is not an int (bool and float included). Arrays with
     `tolist()` (numpy, torch) are read as lists."""
-    if (prompt is None) == (input_ids is None):
-        raise RequestError("give exactly one of prompt and input_ids")
+    if (prompt is None) == (input_ids is None):  # text_name: the text's name (/generate: text)
+        raise RequestError(f"give exactly one of {text_name} and input_ids", param=text_name)
     if prompt is not None:
         batch, texts = (False, [prompt]) if isinstance(prompt, str) else (True, _list(prompt))
         for text in texts:

@@ -220,8 +220,22 @@ def test_unknown_route_and_method(server: Server) -> None:
     assert_error(server.get(CMPL), 405)
 
 
+def test_head_wherever_get_and_a_405_allows_every_method(server: Server) -> None:
+    """RFC 9110: HEAD where GET is served (the GET answer's headers, no body); a 405's Allow
+    names every method of its path (/flush_cache serves GET and POST as two routes)."""
+    for path in ("/health", "/v1/models", "/get_load", "/metrics"):
+        head, get = (httpx.request(m, server.url(path), timeout=30) for m in ("HEAD", "GET"))
+        assert head.status_code == 200 == get.status_code and head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"]
+    r = httpx.request("OPTIONS", server.url("/flush_cache"), timeout=30)
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, POST"
+    assert httpx.request("HEAD", server.url(CMPL), timeout=30).headers["allow"] == "POST"
+
+
 def test_native_errors(server: Server) -> None:
-    assert_error(server.post("/generate", {"text": "a", "input_ids": [1]}), 400, "exactly one")
+    err = assert_error(server.post("/generate", {"text": "a", "input_ids": [1]}), 400,
+                       "exactly one of text and input_ids")
+    assert err["param"] == "text"
     assert_error(server.post("/generate", {"text": ["a", "b"], "stream": True}), 400, "single")
     assert_error(server.post("/generate", {"text": "a", "sampling_params": {"max_tokens": 3}}),
                  400, "max_tokens")

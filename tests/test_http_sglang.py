@@ -179,6 +179,8 @@ def test_openapi_documents_every_route_truthfully(server: Server) -> None:
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
             assert "422" not in op["responses"], (method, path)
+            for code, response in op["responses"].items():  # errors are JSON everywhere
+                assert int(code) < 400 or list(response["content"]) == ["application/json"]
             if method == "post" and path != "/flush_cache":
                 ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
                 assert ref.split("/")[-1] in schema["components"]["schemas"], path

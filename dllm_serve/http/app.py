@@ -4,7 +4,7 @@ Request bodies are read and parsed by body.py, not by FastAPI, so that every mal
 400 in OpenAI's error shape; /openapi.json still documents each body's pydantic model
 (openapi.py). Middleware order (outermost first): request id, API key, request timeout
 (--request-timeout: 408 and an abort past it), lifecycle gate (503 unless ready; counts
-in-flight generation requests), FastAPI.
+in-flight generation requests), methods (HEAD as GET, a 405's full Allow: methods.py), FastAPI.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dllm_serve.http.auth import ApiKeyMiddleware
 from dllm_serve.http.body import read_json
 from dllm_serve.http.context import ServerContext
 from dllm_serve.http.errors import install_handlers
+from dllm_serve.http.methods import MethodsMiddleware
 from dllm_serve.http.openapi import Doc, install_openapi
 from dllm_serve.http.protocol import (
     AbortRequest,
@@ -50,7 +51,7 @@ def build_app(ctx: ServerContext) -> ASGIApp:
     info_routes.add_routes(app, ctx)
     install_openapi(app, BODIES, api_key=bool(ctx.args.api_key),
                     timeout=ctx.args.request_timeout is not None)
-    asgi: ASGIApp = ctx.life.middleware(app)
+    asgi: ASGIApp = ctx.life.middleware(MethodsMiddleware(app, app.routes))
     if ctx.args.request_timeout is not None:
         asgi = RequestTimeoutMiddleware(asgi, ctx.args.request_timeout)
     if ctx.args.api_key:

@@ -42,7 +42,7 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     req = await parse_request(GenerateRequest, body)
     check_fields(req, GENERATE)
     front = ctx.require_front()
-    batch, prompts = normalize_prompts(req.text, req.input_ids)
+    batch, prompts = normalize_prompts(req.text, req.input_ids, "text")
     if not prompts:
         raise RequestError("Give at least one prompt.", param="text")
     ids = await tokenized(len(body), front.tokenize_all, prompts)

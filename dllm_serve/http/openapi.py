@@ -74,6 +74,7 @@ def install_openapi(app: FastAPI, bodies: list[type[BaseModel]], api_key: bool,
             for path, ops in schema["paths"].items():
                 for method, op in ops.items():
                     _statuses(op, path, method, api_key, timeout)
+                    _json_errors(op)
             _drop_422(schema)
             app.openapi_schema = schema
         return app.openapi_schema
@@ -99,6 +100,15 @@ def _statuses(op: dict[str, Any], path: str, method: str, api_key: bool,
     for code in codes:
         responses.setdefault(str(code), {"description": DESCRIPTIONS[code], "content": {
             "application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}})
+
+
+def _json_errors(op: dict[str, Any]) -> None:
+    """Errors are JSON on every route: a text/plain route's (e.g. /flush_cache) error entries
+    take FastAPI's media type for that route otherwise."""
+    for code, response in op.get("responses", {}).items():
+        content = response.get("content", {})
+        if int(code) >= 400 and "text/plain" in content:
+            response["content"] = {"application/json": content["text/plain"]}
 
 
 def _drop_422(schema: dict[str, Any]) -> None:
