@@ -57,6 +57,7 @@ def preflight(args: ServerArgs) -> None:
     """
     from dllm_serve.dllm.algorithms import algorithm_class
     from dllm_serve.dllm.config import ENGINE_KEYS, load_algorithm_yaml
+    from dllm_serve.engine_config import EngineConfig
     from dllm_serve.model.config import ModelConfig
 
     algorithm = algorithm_class(args.dllm_algorithm)
@@ -70,6 +71,12 @@ def preflight(args: ServerArgs) -> None:
             ModelConfig.load(args.model_path)
         except FileNotFoundError as e:
             raise ValueError(f"--model-path: {e}") from None
+    try:  # config.json's values, the YAML's, the tokenizer's files: all read before any load
+        EngineConfig.resolve(args)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a broken file of any kind: one line, exit 2
+        raise ValueError(" ".join(f"{type(e).__name__}: {e}".split())) from None
 
 
 def flags_markdown() -> str:

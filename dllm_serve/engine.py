@@ -15,6 +15,7 @@ import queue
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from dllm_serve.cli import preflight
 from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.procs import collector_paused
@@ -27,8 +28,11 @@ Params = dict[str, Any] | list[dict[str, Any]] | None
 
 class Engine:
     def __init__(self, **kwargs: Any) -> None:
-        """Keywords are `ServerArgs` fields (model_path, dllm_algorithm, dllm_fdfo, ...)."""
-        config = EngineConfig.resolve(ServerArgs(**kwargs))
+        """Keywords are `ServerArgs` fields (model_path, dllm_algorithm, dllm_fdfo, ...). A bad
+        value raises ValueError before any process starts (the CLI's checks: `preflight`)."""
+        args = ServerArgs(**kwargs)
+        preflight(args)
+        config = EngineConfig.resolve(args)
         self.server_args = config.args  # model_path resolved
         self.front = TokenizerManager(config)
 

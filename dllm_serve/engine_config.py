@@ -54,6 +54,9 @@ class EngineConfig:
         model = ModelConfig.load(args.model_path)
         dllm = DllmConfig.build(model, args.dllm_algorithm, args.dllm_algorithm_config,
                                 args.dllm_fdfo)
+        if args.page_size is not None and args.page_size % dllm.block_size:
+            raise ValueError(f"--page-size ({args.page_size}) must be a multiple of the "
+                             f"model's block size ({dllm.block_size})")
         eos = set(model.eos_token_ids()) or {arch_defaults(model.architecture).eos_id}
         extra = Tokenizer.load(args.tokenizer_path or args.model_path).extra_stop_token_ids
         return EngineConfig(args, model, dllm, tuple(sorted(eos | set(extra))))

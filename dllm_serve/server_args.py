@@ -14,6 +14,10 @@ from typing import Any
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+# The backends' registry names (layers.attention.ATTENTION_BACKENDS, layers.moe.MOE_BACKENDS:
+# torch-importing modules the front never loads; tests/test_http_cli.py keeps them equal)
+ATTENTION_BACKEND_NAMES = ("auto", "torch", "triton")
+MOE_BACKEND_NAMES = ("auto", "dense", "torch", "triton")
 LOAD_FORMATS = ("auto", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -116,10 +120,11 @@ class ServerArgs:
     attention_backend: str = _f(
         "auto", "Attention implementation: auto (triton on CUDA, torch on the CPU), torch (the "
         "reference) or triton (the block-diffusion paged attention kernel, with fused RMSNorm, "
-        "q/k norm + RoPE and KV store kernels; CUDA).")
+        "q/k norm + RoPE and KV store kernels; CUDA).", choices=ATTENTION_BACKEND_NAMES)
     moe_backend: str = _f(
         "auto", "MoE experts implementation: auto (triton on CUDA, torch on the CPU), torch (the "
-        "reference) or triton (device routing, expert-sorted grouped GEMMs; CUDA).")
+        "reference), dense (every expert over every token, no host sync: the training path) or "
+        "triton (device routing, expert-sorted grouped GEMMs; CUDA).", choices=MOE_BACKEND_NAMES)
     disable_cuda_graph: bool = _f(
         False, "Run forwards eagerly. By default, on CUDA with the triton attention and MoE "
         "backends, each prefill and denoise forward replays a CUDA graph captured at startup "
@@ -164,6 +169,8 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         _check(self.port > 0 and self.port < 65536, f"--port must be in 1..65535, got {self.port}")
+        _check(0 <= self.random_seed < 2**63,
+               f"--random-seed must be in 0..2**63-1, got {self.random_seed}")
         _check(self.max_running_requests >= 1,
                f"--max-running-requests must be >= 1, got {self.max_running_requests}")
         _check(self.dllm_admit_ahead is None or self.dllm_admit_ahead >= 0,
@@ -207,6 +214,8 @@ class ServerArgs:
                "--no-dllm-fdfo")
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("log_level", LOG_LEVELS),
                               ("load_format", LOAD_FORMATS),
+                              ("attention_backend", ATTENTION_BACKEND_NAMES),
+                              ("moe_backend", MOE_BACKEND_NAMES),
                               ("dllm_pipeline_depth", PACING), ("dllm_multi_step", PACING)):
             value = getattr(self, name)
             _check(value in allowed, f"--{name.replace('_', '-')} must be one of "

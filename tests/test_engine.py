@@ -370,6 +370,27 @@ def test_a_request_beyond_the_kv_pool_raises_before_it_runs(tiny_model_dir: Path
         assert ok["meta_info"]["completion_tokens"] == 32
 
 
+def test_engine_refuses_what_the_cli_refuses_before_any_process(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """Engine(...) runs the CLI's checks (`preflight`): an unknown algorithm setting or a
+    mask id past the vocabulary is a ValueError naming it, raised before anything spawns."""
+    import json
+    import shutil
+
+    before = {p.pid for p in psutil.Process().children()}
+    yaml = tmp_path / "algo.yaml"
+    yaml.write_text("threshold: 0.9\nbogus_key: 1\n")
+    with pytest.raises(ValueError, match="bogus_key"):
+        make_engine(tiny_model_dir, dllm_algorithm_config=str(yaml))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "mask_token_id": 10**9}))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        make_engine(model)
+    assert {p.pid for p in psutil.Process().children()} == before
+
+
 NEVER_SHUT_DOWN = """
 import sys
 from dllm_serve import Engine

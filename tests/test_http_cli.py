@@ -38,6 +38,10 @@ def test_help_lists_every_flag() -> None:
     (["--dllm-algorithm-config", "/no/such.yaml"], "no such file"),
     (["--model-path", "/no/such/model"], "--model-path"),
     (["--no-such-flag"], "unrecognized arguments"),
+    (["--attention-backend", "flash"], "invalid choice"),
+    (["--moe-backend", "cutlass"], "invalid choice"),
+    (["--random-seed", str(2**64)], "--random-seed"),
+    (["--page-size", "33"], "multiple of the model's block size"),
 ])
 def test_bad_flag_value_is_one_line_and_exit_2(argv: list[str], words: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,3 +72,50 @@ def test_readme_flag_table_matches_server_args() -> None:
     assert flags_markdown() in (REPO / "README.md").read_text(), (
         "README's flag table is out of date; regenerate it with "
         "python -c 'from dllm_serve.cli import flags_markdown; print(flags_markdown())'")
+
+
+def test_backend_choices_are_the_registries() -> None:
+    """The flags' choices (kept torch-free for the front) name exactly the registered backends."""
+    from dllm_serve.kernels import fused_moe, triton_attention  # noqa: F401 (registers triton)
+    from dllm_serve.layers.attention import ATTENTION_BACKENDS
+    from dllm_serve.layers.moe import MOE_BACKENDS
+    from dllm_serve.server_args import ATTENTION_BACKEND_NAMES, MOE_BACKEND_NAMES
+
+    assert set(ATTENTION_BACKEND_NAMES) == {"auto", *ATTENTION_BACKENDS.names()}
+    assert set(MOE_BACKEND_NAMES) == {"auto", *MOE_BACKENDS.names()}
+
+
+@pytest.mark.parametrize("broken,words", [
+    ({"config.json": "{not json"}, "config.json: not valid JSON"),
+    ({"config.json": "[1, 2]"}, "config.json: expected a JSON object"),
+    ({"vocab_size": "abc"}, "vocab_size must be an integer"),
+    ({"mask_token_id": 10**9}, "mask id 1000000000 is outside the vocabulary"),
+    ({"tokenizer.json": None}, "tokenizer"),
+    ({"yaml": "threshold: [0.5"}, "not valid YAML"),
+])
+def test_a_broken_checkpoint_or_yaml_is_one_line_and_exit_2(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        broken: dict, words: str) -> None:
+    """What the worker would only find out loading (or the first request, for a mask id past
+    the vocabulary) is refused by the CLI's checks first: one line naming it, exit 2."""
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    argv = ["--model-path", str(model)]
+    for key, value in broken.items():
+        if key == "yaml":
+            (tmp_path / "algo.yaml").write_text(value)
+            argv += ["--dllm-algorithm-config", str(tmp_path / "algo.yaml")]
+        elif value is None:
+            (model / key).unlink()
+        elif key.endswith(".json"):
+            (model / key).write_text(value)
+        else:
+            cfg = json.loads((model / "config.json").read_text())
+            (model / "config.json").write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and words in err, err

@@ -187,4 +187,8 @@ def test_busy_port_or_broken_model_exits_1(tiny_model_dir: Path, tmp_path: Path)
     (broken / "model.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="exited with 1") as failure:
         start_server(broken)
-    assert "startup failed" in str(failure.value)
+    log = str(failure.value)
+    # the worker's traceback once (its log), then one line naming the file, not three nested
+    assert "startup failed" in log and log.count("Traceback") == 1, log
+    last = next(line for line in log.splitlines() if "startup failed" in line)
+    assert "model.safetensors: not a readable safetensors file" in last, last

@@ -60,7 +60,7 @@ class DllmConfig:
         mask_id = model.token_id("mask_token_id")
         block_size = model.hf.get("block_size")
         settings = {k: v for k, v in raw.items() if k not in ENGINE_KEYS}
-        return DllmConfig(
+        config = DllmConfig(
             algorithm=algorithm,
             algorithm_config={**arch.algorithm_settings.get(algorithm, {}), **settings},
             block_size=int(raw.get("block_size", arch.block_size if block_size is None
@@ -68,6 +68,11 @@ class DllmConfig:
             mask_id=int(raw.get("mask_id", arch.mask_id if mask_id is None else mask_id)),
             fdfo=fdfo,
         )
+        if not 0 <= config.mask_id < model.vocab_size:  # else the first request's embedding fails
+            raise ValueError(f"mask id {config.mask_id} is outside the vocabulary (vocab_size "
+                             f"{model.vocab_size}): see mask_token_id in config.json or mask_id "
+                             f"in --dllm-algorithm-config")
+        return config
 
 
 def arch_defaults(architecture: str) -> ArchDefaults:
@@ -83,7 +88,11 @@ def load_algorithm_yaml(path: str | None) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"--dllm-algorithm-config: no such file {path!r}")
-    data = yaml.safe_load(file.read_text()) or {}
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"--dllm-algorithm-config {path!r}: not valid YAML "
+                         f"({' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--dllm-algorithm-config {path!r}: expected a mapping of settings")
     return data

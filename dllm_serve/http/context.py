@@ -40,7 +40,8 @@ class ServerContext:
     def create(config: EngineConfig) -> ServerContext:
         """config: the engine's configuration, resolved once (the front reuses it)."""
         args = config.args
-        name = args.served_model_name or Path(str(args.model_path)).name
+        name = args.served_model_name or Path(str(args.model_path)).resolve().name or str(
+            args.model_path)  # "--model-path ." names the folder
         ctx = ServerContext(args, name, config.context_length, Lifecycle(args.shutdown_timeout),
                             architecture=config.model.architecture, config=config)
         if args.enable_metrics:

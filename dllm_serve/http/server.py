@@ -100,7 +100,8 @@ def _start(ctx: ServerContext, loading: asyncio.Task[TokenizerManager],
     ctx.front = front
     freeze_startup_objects()  # the front's too: a full collection would stall every request
     ctx.life.mark_ready(front)
-    url = f"http://{ctx.args.host}:{ctx.args.port}"
+    host = f"[{ctx.args.host}]" if ":" in ctx.args.host else ctx.args.host  # IPv6
+    url = f"http://{host}:{ctx.args.port}"
     startup = front.ready_info.get("startup", {})
     logger.info("dllm-serve is ready at %s (model %r; OpenAI API at %s/v1); worker started "
                 "in %.1f s, %.1f s of it warm-up and CUDA graph capture", url, ctx.model_name,

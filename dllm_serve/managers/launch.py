@@ -15,6 +15,7 @@ from dllm_serve.managers.messages import Fatal, Ready
 from dllm_serve.managers.procs import ProcessSet, spawn
 
 logger = logging.getLogger(__name__)
+DEAD_GRACE_MS = 1000  # a child found dead: how long its Fatal may take to arrive
 
 
 def launch(config: EngineConfig, ctx: zmq.Context,
@@ -46,7 +47,9 @@ def wait_ready(procs: ProcessSet, rx: Receiver, timeout: float) -> dict[str, Any
         if isinstance(msg, Ready):
             return msg.info
         if isinstance(msg, Fatal):
-            raise EngineDeadError(f"engine failed to start:\n{msg.message}")
-        if (dead := procs.dead()) is not None:
-            raise EngineDeadError(f"engine failed to start: {dead}")
-    raise EngineDeadError(f"engine did not start within {timeout:.0f} s")
+            raise EngineDeadError(f"engine failed to start: {msg.reason or msg.message}")
+        if (dead := procs.dead()) is not None:  # its Fatal may still be on its way: the reason
+            late = rx.recv(timeout_ms=DEAD_GRACE_MS)
+            reason = late.reason or late.message if isinstance(late, Fatal) else dead
+            raise EngineDeadError(f"engine failed to start: {reason}")
+    raise EngineDeadError(f"engine did not start within {timeout:g} s")

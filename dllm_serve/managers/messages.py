@@ -149,9 +149,11 @@ class Ready:
 
 @dataclass
 class Fatal:
-    """The scheduler (or its worker) cannot go on; the front fails every request."""
+    """The scheduler (or its worker) cannot go on; the front fails every request. `reason`:
+    one line for the user (the failing process logged its traceback, `message`, already)."""
 
     message: str
+    reason: str = ""
 
 
 # ---- scheduler -> worker: changes -------------------------------------------------------
@@ -341,7 +343,13 @@ _report_values = attrgetter(*(f.name for f in fields(WorkerReport)))  # every fi
 
 @dataclass
 class WorkerFailed:
-    message: str
+    message: str  # the traceback (the worker logged it)
+    reason: str = ""  # its last exception in one line
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line for the user: its type and message, newlines joined."""
+    return " ".join(f"{type(e).__name__}: {e}".split())
 
 
 MESSAGE_TYPES: tuple[type, ...] = (

@@ -29,6 +29,7 @@ from dllm_serve.managers.messages import (
     WorkerFailed,
     WorkerReady,
     WorkerReport,
+    one_line,
 )
 from dllm_serve.managers.procs import (
     die_with_parent,
@@ -57,7 +58,11 @@ FRONT_BATCH = 32
 
 
 class WorkerCrashed(RuntimeError):
-    pass
+    """The worker failed; `reason` one line (the worker logged its traceback)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
@@ -79,9 +84,13 @@ def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
         profiled(PROFILE_ENV, event_loop, scheduler, front_in, worker_in, front_out, worker_out)
         worker_out.send(Shutdown())
         ctx.destroy(linger=SHUTDOWN_LINGER_MS)  # the worker's Shutdown leaves before we exit
-    except Exception:
+    except WorkerCrashed as e:  # its traceback is in the worker's log: not twice
+        logger.error("the worker failed: %s", e.reason)
+        front_out.send(Fatal(str(e), e.reason))
+        sys.exit(1)
+    except Exception as e:
         logger.exception("scheduler failed")
-        front_out.send(Fatal(traceback.format_exc()))
+        front_out.send(Fatal(traceback.format_exc(), one_line(e)))
         sys.exit(1)
 
 
@@ -110,7 +119,7 @@ def event_loop(scheduler: Scheduler, front_in: Receiver, worker_in: Receiver,
 
 def check_worker(msg: Any) -> Any:
     if isinstance(msg, WorkerFailed):
-        raise WorkerCrashed(f"worker failed:\n{msg.message}")
+        raise WorkerCrashed(f"worker failed:\n{msg.message}", msg.reason or "the worker failed")
     if not isinstance(msg, WorkerReady | WorkerReport):
         raise TypeError(f"scheduler got an unexpected worker message {type(msg).__name__}")
     return msg

@@ -273,7 +273,7 @@ class TokenizerManager:
             elif isinstance(msg, InfoResp | FlushCacheResp):
                 self._answer(msg)
             elif isinstance(msg, Fatal):
-                self._fail_all(f"the engine failed:\n{msg.message}")
+                self._fail_all(f"the engine failed: {msg.reason or msg.message}")
 
     def _deliver(self, out: ReqOutput) -> None:
         with self.states_lock:

@@ -20,7 +20,14 @@ from dllm_serve.dllm.algorithms import build_algorithm
 from dllm_serve.engine_config import EngineConfig, WorkerConfig
 from dllm_serve.kernels.compile_watch import CompileWatch
 from dllm_serve.managers.ipc import Addresses, Receiver, Sender
-from dllm_serve.managers.messages import Shutdown, WorkerBatch, WorkerFailed, WorkerReady, WorkItem
+from dllm_serve.managers.messages import (
+    Shutdown,
+    WorkerBatch,
+    WorkerFailed,
+    WorkerReady,
+    WorkItem,
+    one_line,
+)
 from dllm_serve.managers.procs import (
     die_with_parent,
     freeze_startup_objects,
@@ -67,9 +74,9 @@ def run_worker_process(config: EngineConfig, addrs: Addresses) -> None:
         finally:  # a shutdown or the engine's stop: whatever the trace holds goes to its file
             if worker.tracer is not None:
                 worker.tracer.settle()
-    except Exception:
+    except Exception as e:
         logger.exception("worker failed")
-        tx.send(WorkerFailed(traceback.format_exc()))
+        tx.send(WorkerFailed(traceback.format_exc(), one_line(e)))
         sys.exit(1)
 
 

@@ -29,16 +29,24 @@ class ModelConfig:
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
             raise FileNotFoundError(f"no config.json in model folder {str(path)!r}")
-        hf = json.loads(cfg_file.read_text())
+        try:
+            hf = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_file}: not valid JSON ({e})") from None
+        if not isinstance(hf, dict):
+            raise ValueError(f"{cfg_file}: expected a JSON object, got {type(hf).__name__}")
         archs = hf.get("architectures") or []
+        if isinstance(archs, str):
+            archs = [archs]
         if not archs:
             raise ValueError(f"{cfg_file}: 'architectures' is missing or empty")
         return ModelConfig(
             path=path,
             architecture=archs[0],
             hf=hf,
-            vocab_size=int(_require(hf, "vocab_size", cfg_file)),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            vocab_size=_int(_require(hf, "vocab_size", cfg_file), "vocab_size", cfg_file),
+            max_position_embeddings=_int(hf.get("max_position_embeddings", 4096),
+                                         "max_position_embeddings", cfg_file),
         )
 
     def context_length(self, requested: int | None) -> int:
@@ -94,3 +102,12 @@ class RunnerConfig:
     cuda_graphs: bool = False
     graph_max_blocks: int = 16
     chunked_prefill_size: int = 4096  # the scheduler's prefill budget (model/buckets.py)
+
+
+def _int(value: Any, key: str, cfg_file: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{cfg_file}: {key} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{cfg_file}: {key} must be an integer, got {value!r}") from None

@@ -164,7 +164,7 @@ def load_weights(model: nn.Module, folder: Path, wmap: WeightMap) -> int:
     aliases: dict[str, torch.Tensor] = {}
     filled: set[str] = set()
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with _opened(file) as f:
             for name in f.keys():
                 if wmap.is_ignored(name):
                     continue
@@ -183,6 +183,16 @@ def load_weights(model: nn.Module, folder: Path, wmap: WeightMap) -> int:
     for alias, tensor in aliases.items():
         _check_tied(params, alias, tied[alias], tensor)
     return len(filled)
+
+
+def _opened(file: Path) -> Any:
+    """safe_open(file); a file that is no safetensors checkpoint (truncated, corrupted) is a
+    ValueError naming it."""
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise ValueError(f"{file}: not a readable safetensors file "
+                         f"({' '.join(str(e).split())})") from None
 
 
 def _target(params: dict[str, torch.Tensor], expected: dict[str, Slot], filled: set[str],
