@@ -55,12 +55,12 @@ def preflight(args: ServerArgs) -> None:
 
     Raises ValueError with a user-facing message, so a typo fails before anything loads.
     """
-    from dllm_serve.dllm.algorithms import algorithm_class
+    from dllm_serve.dllm.algorithm_settings import settings_of  # no torch for the built-ins
     from dllm_serve.dllm.config import ENGINE_KEYS, load_algorithm_yaml
     from dllm_serve.engine_config import EngineConfig
     from dllm_serve.model.config import ModelConfig
 
-    algorithm = algorithm_class(args.dllm_algorithm)
+    algorithm = settings_of(args.dllm_algorithm)
     settings = load_algorithm_yaml(args.dllm_algorithm_config)
     try:
         algorithm.parse_config({k: v for k, v in settings.items() if k not in ENGINE_KEYS})

@@ -13,7 +13,7 @@ code.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from dllm_serve.sampling_params import is_finite_number
@@ -59,6 +59,16 @@ class Settings:
     name: str
     config: type[AlgorithmConfig]
     request_params: tuple[str, ...]
+
+    def parse_config(self, settings: dict[str, Any]) -> AlgorithmConfig:
+        """The YAML's settings -> the Config (its range checks run); ValueError naming an
+        unknown setting."""
+        known = {f.name for f in fields(self.config)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ValueError(f"{self.name} has no setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known)) or '(none)'}")
+        return self.config(**settings)
 
     def validate_request_params(self, values: dict[str, Any]) -> dict[str, float]:
         """Check per-request overrides with the settings' own range checks -> the values as

@@ -20,7 +20,6 @@ execution modes (sync, FDFO, wavefront) live there and in dllm/modes.py.
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -79,12 +78,7 @@ class DllmAlgorithm(ABC):
 
     @classmethod
     def parse_config(cls, settings: dict[str, Any]) -> AlgorithmConfig:
-        known = {f.name for f in dataclasses.fields(cls.Config)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
-            raise ValueError(f"{cls.__name__} has no setting(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(known)) or '(none)'}")
-        return cls.Config(**settings)
+        return cls.settings().parse_config(settings)
 
     @classmethod
     def settings(cls) -> Settings:
