@@ -391,6 +391,31 @@ def test_engine_refuses_what_the_cli_refuses_before_any_process(tiny_model_dir: 
     assert {p.pid for p in psutil.Process().children()} == before
 
 
+def test_a_cancelled_startup_stops_its_children_at_once(tiny_model_dir: Path) -> None:
+    """The server's stop while the engine loads (Ctrl-C) sets the front's cancel event: the
+    startup raises within a poll and its children are gone, instead of waiting out the load."""
+    import threading
+
+    from dllm_serve.cli import parse_args
+    from dllm_serve.engine_config import EngineConfig
+    from dllm_serve.managers.tokenizer_manager import TokenizerManager
+
+    def engine_children() -> set[int]:  # not multiprocessing's resource tracker
+        return {p.pid for p in psutil.Process().children()
+                if "spawn_main" in " ".join(p.cmdline())}
+
+    config = EngineConfig.resolve(parse_args(["--model-path", str(tiny_model_dir), "--device",
+                                              "cpu", "--log-level", "warning"]))
+    before = engine_children()
+    cancel = threading.Event()
+    cancel.set()
+    t0 = time.monotonic()
+    with pytest.raises(EngineDeadError, match="cancelled"):
+        TokenizerManager(config, cancel)
+    assert time.monotonic() - t0 < 10
+    assert engine_children() == before
+
+
 NEVER_SHUT_DOWN = """
 import sys
 from dllm_serve import Engine

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 
 import uvicorn
@@ -61,13 +62,14 @@ async def _serve(ctx: ServerContext) -> int:
     serving = asyncio.create_task(_run_uvicorn(server))
     if not await _bound(server, serving):
         return await serving  # it could not bind; uvicorn logged why
-    loading = asyncio.create_task(asyncio.to_thread(TokenizerManager, ctx.config))
+    cancel = threading.Event()  # set by a stop while the engine loads
+    loading = asyncio.create_task(asyncio.to_thread(TokenizerManager, ctx.config, cancel))
     await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
     watch = _start(ctx, loading) if loading.done() else None
     await serving
     if watch is not None:
         watch.cancel()
-    await _shutdown_engine(loading)
+    await _shutdown_engine(loading, cancel)
     return ctx.life.exit_code
 
 
@@ -109,12 +111,16 @@ def _start(ctx: ServerContext, loading: asyncio.Task[TokenizerManager],
     return asyncio.create_task(ctx.life.watch(front))
 
 
-async def _shutdown_engine(loading: asyncio.Task[TokenizerManager]) -> None:
+async def _shutdown_engine(loading: asyncio.Task[TokenizerManager],
+                           cancel: threading.Event) -> None:
+    """Stop the engine; one still starting (Ctrl-C while the model loads) is stopped at once,
+    not after its load."""
     if not loading.done():
-        logger.info("waiting for the engine to finish starting, to stop it")
+        logger.info("stopping the engine's startup")
+        cancel.set()
     try:
         front = await loading
-    except Exception:  # noqa: BLE001 - already reported by _start
+    except Exception:  # noqa: BLE001 - reported by _start, or the startup we cancelled
         return
     await asyncio.to_thread(front.shutdown)
     logger.info("the engine is shut down")

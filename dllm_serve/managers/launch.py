@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -18,12 +19,13 @@ logger = logging.getLogger(__name__)
 DEAD_GRACE_MS = 1000  # a child found dead: how long its Fatal may take to arrive
 
 
-def launch(config: EngineConfig, ctx: zmq.Context,
+def launch(config: EngineConfig, ctx: zmq.Context, cancel: threading.Event | None = None,
            ) -> tuple[ProcessSet, Receiver, dict[str, Any]]:
     """Spawn both children; return them, the front's receiving channel and the ready info.
 
-    Raises EngineDeadError (with the child's traceback when there is one) if a child dies or
-    fails during startup, or if startup takes longer than args.startup_timeout.
+    Raises EngineDeadError (with the failing child's reason when there is one) if a child dies
+    or fails during startup, if startup takes longer than args.startup_timeout, or once
+    `cancel` is set (Ctrl-C while the model loads); the children are stopped first.
     """
     addrs = Addresses.fresh()
     rx = Receiver(ctx, addrs.to_front)
@@ -33,16 +35,19 @@ def launch(config: EngineConfig, ctx: zmq.Context,
         "worker": ("dllm_serve.managers.worker_main:run_worker_process", (config, addrs)),
     }))
     try:
-        return procs, rx, wait_ready(procs, rx, config.args.startup_timeout)
+        return procs, rx, wait_ready(procs, rx, config.args.startup_timeout, cancel)
     except BaseException:
         procs.kill()
         rx.sock.close()
         raise
 
 
-def wait_ready(procs: ProcessSet, rx: Receiver, timeout: float) -> dict[str, Any]:
+def wait_ready(procs: ProcessSet, rx: Receiver, timeout: float,
+               cancel: threading.Event | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            raise EngineDeadError("engine startup cancelled")
         msg = rx.recv(timeout_ms=100)
         if isinstance(msg, Ready):
             return msg.info

@@ -85,8 +85,9 @@ class ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, config: EngineConfig) -> None:
-        """config: resolved once by the caller (EngineConfig.resolve)."""
+    def __init__(self, config: EngineConfig, cancel: threading.Event | None = None) -> None:
+        """config: resolved once by the caller (EngineConfig.resolve). Setting `cancel` while
+        the engine starts stops it (EngineDeadError; launch.launch)."""
         self.config = config
         self.args = config.args
         self.tokenizer = Tokenizer.load(config.tokenizer_path)
@@ -94,7 +95,7 @@ class TokenizerManager:
         self.algorithm = settings_of(config.args.dllm_algorithm)  # no torch in the front
         self.context_length = self.config.context_length
         self.ctx = zmq.Context()
-        self.procs, self.rx, self.ready_info = launch(self.config, self.ctx)
+        self.procs, self.rx, self.ready_info = launch(self.config, self.ctx, cancel)
         self.tx = Sender(self.ctx, self.procs.addrs.to_scheduler)
         self.tx_lock = threading.Lock()
         self.states: dict[str, ReqState] = {}
