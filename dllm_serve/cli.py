@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from typing import NoReturn
 
@@ -71,6 +72,11 @@ def preflight(args: ServerArgs) -> None:
             ModelConfig.load(args.model_path)
         except FileNotFoundError as e:
             raise ValueError(f"--model-path: {e}") from None
+    if args.dllm_standby and not (args.dllm_wavefront_size == 1 and args.dllm_fdfo):
+        logging.getLogger(__name__).warning(
+            "--dllm-standby has no effect: it applies with --dllm-wavefront-size 1 and FDFO "
+            "(got wavefront size %d, FDFO %s)", args.dllm_wavefront_size,
+            "on" if args.dllm_fdfo else "off")
     try:  # config.json's values, the YAML's, the tokenizer's files: all read before any load
         EngineConfig.resolve(args)
     except ValueError:

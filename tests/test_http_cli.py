@@ -119,3 +119,16 @@ def test_a_broken_checkpoint_or_yaml_is_one_line_and_exit_2(
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and words in err, err
+
+
+@pytest.mark.parametrize("argv,warned", [
+    (["--dllm-standby"], True),  # the default wavefront size is 2
+    (["--dllm-standby", "--dllm-wavefront-size", "1", "--no-dllm-fdfo"], True),
+    (["--dllm-standby", "--dllm-wavefront-size", "1"], False)])
+def test_standby_without_its_mode_is_warned(argv: list[str], warned: bool,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    from dllm_serve.cli import parse_args
+
+    with caplog.at_level("WARNING"):
+        parse_args(argv)
+    assert ("--dllm-standby has no effect" in caplog.text) == warned
