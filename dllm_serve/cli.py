@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import NoReturn
 
+from dllm_serve.engine_config import EngineConfig
 from dllm_serve.server_args import ServerArgs
 
 PROG = "dllm-serve"
@@ -41,24 +42,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
-    """Flags -> checked ServerArgs; exits 2 with one line on any bad value."""
+    """Flags -> checked ServerArgs (model_path resolved); exits 2 with one line on any bad
+    value."""
+    return parse_config(argv).args
+
+
+def parse_config(argv: list[str] | None = None) -> EngineConfig:
+    """Flags -> the engine's configuration, resolved once (`preflight`); exits 2 with one line
+    on any bad value."""
     ns = build_parser().parse_args(argv)
     try:
-        args = ServerArgs.from_cli_args(ns)
-        preflight(args)
+        return preflight(ServerArgs.from_cli_args(ns))
     except ValueError as e:
         fail(str(e))
-    return args
 
 
-def preflight(args: ServerArgs) -> None:
-    """Checks that need the package's heavier modules: the algorithm, its YAML, the model folder.
+def preflight(args: ServerArgs) -> EngineConfig:
+    """Checks that need the package's heavier modules: the algorithm, its YAML, the model
+    folder, then the configuration resolved from them (returned: resolved once).
 
     Raises ValueError with a user-facing message, so a typo fails before anything loads.
     """
     from dllm_serve.dllm.algorithm_settings import settings_of  # no torch for the built-ins
     from dllm_serve.dllm.config import ENGINE_KEYS, load_algorithm_yaml
-    from dllm_serve.engine_config import EngineConfig
     from dllm_serve.model.config import ModelConfig
 
     algorithm = settings_of(args.dllm_algorithm)
@@ -78,7 +84,7 @@ def preflight(args: ServerArgs) -> None:
             "(got wavefront size %d, FDFO %s)", args.dllm_wavefront_size,
             "on" if args.dllm_fdfo else "off")
     try:  # config.json's values, the YAML's, the tokenizer's files: all read before any load
-        EngineConfig.resolve(args)
+        return EngineConfig.resolve(args)
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 - a broken file of any kind: one line, exit 2
@@ -107,7 +113,7 @@ def _shown(default: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    config = parse_config(argv)
     from dllm_serve.http.server import run_server
 
-    return run_server(args)
+    return run_server(config)

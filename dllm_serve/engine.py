@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from dllm_serve.cli import preflight
-from dllm_serve.engine_config import EngineConfig
 from dllm_serve.errors import EngineDeadError, RequestError
 from dllm_serve.managers.procs import collector_paused
 from dllm_serve.managers.tokenizer_manager import GenOutput, TokenizerManager
@@ -30,9 +29,7 @@ class Engine:
     def __init__(self, **kwargs: Any) -> None:
         """Keywords are `ServerArgs` fields (model_path, dllm_algorithm, dllm_fdfo, ...). A bad
         value raises ValueError before any process starts (the CLI's checks: `preflight`)."""
-        args = ServerArgs(**kwargs)
-        preflight(args)
-        config = EngineConfig.resolve(args)
+        config = preflight(ServerArgs(**kwargs))
         self.server_args = config.args  # model_path resolved
         self.front = TokenizerManager(config)
 

@@ -396,16 +396,15 @@ def test_a_cancelled_startup_stops_its_children_at_once(tiny_model_dir: Path) ->
     startup raises within a poll and its children are gone, instead of waiting out the load."""
     import threading
 
-    from dllm_serve.cli import parse_args
-    from dllm_serve.engine_config import EngineConfig
+    from dllm_serve.cli import parse_config
     from dllm_serve.managers.tokenizer_manager import TokenizerManager
 
     def engine_children() -> set[int]:  # not multiprocessing's resource tracker
         return {p.pid for p in psutil.Process().children()
                 if "spawn_main" in " ".join(p.cmdline())}
 
-    config = EngineConfig.resolve(parse_args(["--model-path", str(tiny_model_dir), "--device",
-                                              "cpu", "--log-level", "warning"]))
+    config = parse_config(["--model-path", str(tiny_model_dir), "--device", "cpu",
+                           "--log-level", "warning"])
     before = engine_children()
     cancel = threading.Event()
     cancel.set()

@@ -22,7 +22,6 @@ from dllm_serve.http.app import build_app
 from dllm_serve.http.context import ServerContext
 from dllm_serve.managers.procs import freeze_startup_objects, setup_logging, warn_long_gc
 from dllm_serve.managers.tokenizer_manager import TokenizerManager
-from dllm_serve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,12 @@ class _Uvicorn(uvicorn.Server):
         pass
 
 
-def run_server(args: ServerArgs) -> int:
-    """Serve until stopped; returns the process exit code."""
-    setup_logging(args.log_level)
-    warn_long_gc(args.gc_warning_threshold_secs)
-    return asyncio.run(_serve(ServerContext.create(EngineConfig.resolve(args))))
+def run_server(config: EngineConfig) -> int:
+    """Serve until stopped (config: resolved once, `cli.preflight`); returns the process exit
+    code."""
+    setup_logging(config.args.log_level)
+    warn_long_gc(config.args.gc_warning_threshold_secs)
+    return asyncio.run(_serve(ServerContext.create(config)))
 
 
 async def _serve(ctx: ServerContext) -> int:
