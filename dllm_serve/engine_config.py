@@ -52,6 +52,7 @@ class EngineConfig:
         args = args.replace(model_path=resolve_model_path(args.model_path))
         assert args.model_path is not None
         model = ModelConfig.load(args.model_path)
+        model.context_length(args.context_length)  # a longer one than the model's raises
         dllm = DllmConfig.build(model, args.dllm_algorithm, args.dllm_algorithm_config,
                                 args.dllm_fdfo)
         if args.page_size is not None and args.page_size % dllm.block_size:

@@ -103,7 +103,8 @@ class ServerArgs:
     page_size: int | None = _f(
         None, "KV page size in tokens; a multiple of the model's block size. Default: block size.")
     context_length: int | None = _f(
-        None, "Longest prompt + output in tokens. Default: the model's max_position_embeddings.")
+        None, "Longest prompt + output in tokens. Default: the model's max_position_embeddings; a "
+        "longer value needs DLLM_SERVE_ALLOW_LONGER_CONTEXT_LEN=1.")
     chunked_prefill_size: int = _f(
         4096, "Most prompt tokens prefilled in one forward (rounded down to whole blocks).")
     disable_radix_cache: bool = _f(

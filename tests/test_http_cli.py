@@ -42,6 +42,7 @@ def test_help_lists_every_flag() -> None:
     (["--moe-backend", "cutlass"], "invalid choice"),
     (["--random-seed", str(2**64)], "--random-seed"),
     (["--page-size", "33"], "multiple of the model's block size"),
+    (["--context-length", "8192"], "longer than the model's max_position_embeddings (4096"),
 ])
 def test_bad_flag_value_is_one_line_and_exit_2(argv: list[str], words: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,6 +51,18 @@ def test_bad_flag_value_is_one_line_and_exit_2(argv: list[str], words: str,
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dllm-serve: error: ") and words in err
+
+
+def test_a_longer_context_is_served_only_when_the_environment_allows_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's and vLLM's rule: a --context-length past the model's positions is refused
+    unless an environment variable allows it (then it is served as asked)."""
+    from dllm_serve.cli import parse_config
+    from dllm_serve.model.config import ALLOW_LONGER_CONTEXT_ENV
+
+    assert parse_config(["--context-length", "4096"]).context_length == 4096
+    monkeypatch.setenv(ALLOW_LONGER_CONTEXT_ENV, "1")
+    assert parse_config(["--context-length", "8192"]).context_length == 8192
 
 
 def test_bad_algorithm_setting_in_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -10,9 +10,14 @@ processes that never touch the model (the scheduler, the HTTP front) import this
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# Set to 1 to serve a --context-length beyond config.json's max_position_embeddings (positions
+# the model was never trained on; SGLang's SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)
+ALLOW_LONGER_CONTEXT_ENV = "DLLM_SERVE_ALLOW_LONGER_CONTEXT_LEN"
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,18 @@ class ModelConfig:
         )
 
     def context_length(self, requested: int | None) -> int:
-        """The served context: the flag's value, else max_position_embeddings."""
-        return requested if requested is not None else self.max_position_embeddings
+        """The served context: the flag's value, else max_position_embeddings. A value beyond
+        max_position_embeddings raises ValueError unless ALLOW_LONGER_CONTEXT_ENV is 1."""
+        if requested is None:
+            return self.max_position_embeddings
+        if (requested > self.max_position_embeddings
+                and os.environ.get(ALLOW_LONGER_CONTEXT_ENV, "0") != "1"):
+            raise ValueError(
+                f"--context-length {requested} is longer than the model's "
+                f"max_position_embeddings ({self.max_position_embeddings}, "
+                f"{self.path / 'config.json'}): positions past it were never trained. Set "
+                f"{ALLOW_LONGER_CONTEXT_ENV}=1 to serve it anyway")
+        return requested
 
     def token_id(self, key: str) -> int | None:
         """An id named by config.json (e.g. 'mask_token_id'); the first one if it is a list."""
