@@ -113,7 +113,12 @@ def _shown(default: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(argv)
-    from dllm_serve.http.server import run_server
+    """The CLI: exit code 130, without a traceback, on a Ctrl-C that comes before the server's
+    own signal handlers are installed (while the checks run and the server's modules load)."""
+    try:
+        config = parse_config(argv)
+        from dllm_serve.http.server import run_server
 
-    return run_server(config)
+        return run_server(config)
+    except KeyboardInterrupt:
+        return 130

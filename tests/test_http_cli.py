@@ -65,6 +65,20 @@ def test_a_longer_context_is_served_only_when_the_environment_allows_it(
     assert parse_config(["--context-length", "8192"]).context_length == 8192
 
 
+def test_ctrl_c_before_the_server_runs_exits_130_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: a Ctrl-C while the checks ran or the server's modules loaded (the first
+    second) printed a KeyboardInterrupt traceback."""
+    import dllm_serve.cli as cli
+
+    def interrupted(argv: list[str] | None = None) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "parse_config", interrupted)
+    assert cli.main([]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_bad_algorithm_setting_in_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        ) -> None:
     config = tmp_path / "algo.yaml"
