@@ -157,3 +157,14 @@ def test_copies_seeds_wrap_in_int64() -> None:
     for bad in (-(2**63) - 1, 2**63, "7", 7.0, True):  # SGLang's name: the message names it
         with pytest.raises(ValueError, match="sampling_seed must be a 64-bit signed integer"):
             SamplingParams.from_dict({"sampling_seed": bad})
+
+
+@pytest.mark.parametrize("model", [protocol.CompletionRequest, protocol.ChatCompletionRequest,
+                                   protocol.NativeSamplingParams])
+def test_schema_allows_only_dllm_extra_fields(model: type) -> None:
+    """Regression: the schema allowed any extra numeric field, where only dllm_* ones are
+    served (others are a 400)."""
+    schema = model.model_json_schema()
+    assert schema["additionalProperties"] is False
+    assert list(schema["patternProperties"]) == ["^dllm_"]
+    assert schema["patternProperties"]["^dllm_"]["type"] == "number"

@@ -54,9 +54,9 @@ class Strict(BaseModel):
 class WithOverrides(BaseModel):
     """Extra fields are kept (model_extra) and sorted out by `unused_and_overrides`."""
 
-    model_config = ConfigDict(strict=True, extra="allow",
-                              json_schema_extra={"additionalProperties": {
-                                  "type": "number", "description": DLLM_DOC}})
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra={
+        "patternProperties": {f"^{DLLM_PREFIX}": {"type": "number", "description": DLLM_DOC}},
+        "additionalProperties": False})
 
 
 class StreamOptions(Strict):
