@@ -29,6 +29,7 @@ CHAT: Final = "chat"  # /v1/chat/completions only
 
 ANY: Final = ("<any value>",)  # `off` of a field that is ignored whatever it holds
 NONE_LIST: Final = ("<null or a list of nulls>",)  # lora_path: null per prompt
+ZERO_MAP: Final = ("<null or an object of zeros>",)  # logit_bias: every bias 0
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def _f(off: tuple[Any, ...], *scopes: str, why: str = "") -> Unused:
 
 
 _LOGPROB = "log probabilities are not returned (return_logprob must be off)"
-_CACHE = "no prefix cache to key or salt"
+_CACHE = "the prefix cache is shared and matched by tokens alone"
 _ROUTE = "one engine: routing and tracing hints have nothing to choose"
 _STREAM = "a dLLM streams one chunk per committed block"
 _REASONING = "no reasoning parser: the whole output is the content"
@@ -54,7 +55,7 @@ FIELDS: Final[dict[str, Unused]] = {
     "frequency_penalty": _f((None, 0), SAMPLING, OPENAI),
     "presence_penalty": _f((None, 0), SAMPLING, OPENAI),
     "repetition_penalty": _f((None, 1), SAMPLING, OPENAI),
-    "logit_bias": _f((None, {}), SAMPLING, OPENAI),
+    "logit_bias": _f(ZERO_MAP, SAMPLING, OPENAI),
     "json_schema": _f(EMPTY, SAMPLING, OPENAI),
     "regex": _f(EMPTY, SAMPLING, OPENAI),
     "ebnf": _f(EMPTY, SAMPLING, OPENAI),
@@ -134,7 +135,13 @@ FIELDS: Final[dict[str, Unused]] = {
     "store": _f((None, False), OPENAI),
     "metadata": _f((None, {}), OPENAI),
     "service_tier": _f((None, "auto", "default"), OPENAI),
-    "reasoning_effort": _f(NULL, OPENAI),
+    "reasoning_effort": _f((None, "none"), OPENAI),
+    "verbosity": _f((None, "medium"), OPENAI),
+    "moderation": _f(NULL, OPENAI),
+    "safety_identifier": _f(ANY, OPENAI, why="no per-user policy (as `user`)"),
+    "prompt_cache_key": _f(ANY, OPENAI, why=_CACHE),
+    "prompt_cache_options": _f(ANY, OPENAI, why=_CACHE),
+    "prompt_cache_retention": _f(ANY, OPENAI, why=_CACHE),
     "thinking": _f(NULL, OPENAI),
     "prediction": _f(NULL, OPENAI),
     "audio": _f(NULL, OPENAI),
@@ -180,13 +187,21 @@ def is_off(value: Any, off: tuple[Any, ...]) -> bool:
         return True
     if off is NONE_LIST:
         return value is None or (isinstance(value, list) and all(v is None for v in value))
+    if off is ZERO_MAP:
+        return value is None or (isinstance(value, dict) and all(
+            not isinstance(v, bool) and isinstance(v, int | float) and v == 0
+            for v in value.values()))
     return any(_same(value, o) for o in off)
 
 
 def _same(value: Any, off: Any) -> bool:
-    """Equality that keeps booleans apart from numbers (False is not a penalty of 0)."""
+    """Equality that keeps booleans apart from numbers (False is not a penalty of 0); an
+    object's null members count as absent ({"type": "text", "json_schema": null} is off)."""
     if off is None or isinstance(off, bool):
         return value is off
+    if isinstance(off, dict):
+        return isinstance(value, dict) and {
+            k: v for k, v in value.items() if v is not None} == off
     return not isinstance(value, bool) and type(value) in (type(off), int, float) \
         and value == off
 
@@ -194,6 +209,8 @@ def _same(value: Any, off: Any) -> bool:
 def _offs(off: tuple[Any, ...]) -> str:
     if off is NONE_LIST:
         return "null"
+    if off is ZERO_MAP:
+        return "null or only zero biases"
     return " or ".join("null" if o is None else repr(o).lower() if isinstance(o, bool)
                        else repr(o) for o in off)
 

@@ -110,7 +110,8 @@ class SamplingParams:
                f"each, got {len(self.stop)} of up to {max(map(len, self.stop), default=0)}")
         _check(isinstance(self.stop_regex, list)
                and all(isinstance(s, str) and s for s in self.stop_regex),
-               "stop_regex must be a regular expression or a list of them (Python syntax)")
+               "stop_regex must be a non-empty regular expression or a list of them (an empty "
+               "pattern would match before any output)")
         _check(len(self.stop_regex) <= MAX_STOP_REGEXES
                and all(len(s) <= MAX_STOP_REGEX_CHARS for s in self.stop_regex),
                f"stop_regex takes at most {MAX_STOP_REGEXES} patterns of at most "

@@ -8,6 +8,7 @@ import openai
 import pytest
 from http_helpers import Server, pools_whole, shared_server
 
+from dllm_serve.model.config import ModelConfig
 from dllm_serve.tokenizer import Tokenizer
 
 LONG = {"ignore_eos": True}  # the random tiny model may emit EOS at any time
@@ -189,6 +190,89 @@ def test_nullable_n_and_stream_mean_their_defaults(client: openai.OpenAI) -> Non
         stream=True, stream_options={"include_usage": True, "include_obfuscation": False},
         **args))
     assert chunks[-1].usage.completion_tokens == 3
+
+
+def test_continuous_usage_stats_gives_the_usage_so_far_on_every_chunk(
+        client: openai.OpenAI, tok: Tokenizer) -> None:
+    """Regression: continuous_usage_stats was accepted and ignored. With include_usage (as
+    vLLM) each chunk carries the usage so far; the last one the whole."""
+    chunks = list(client.completions.create(
+        model="tiny", prompt="abc", max_tokens=70, n=2, stream=True, extra_body=LONG,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    *body, last = chunks
+    prompt = len(tok.encode("abc"))
+    so_far = [c.usage.completion_tokens for c in body]
+    assert all(c.usage.prompt_tokens == prompt for c in body)
+    assert so_far == sorted(so_far) and 0 < so_far[0] and so_far[-1] == 140
+    assert last.choices == [] and last.usage.completion_tokens == 140
+    alone = list(client.completions.create(
+        model="tiny", prompt="abc", max_tokens=8, stream=True, extra_body=LONG,
+        stream_options={"include_usage": False, "continuous_usage_stats": True}))
+    assert all(c.usage is None for c in alone)  # without include_usage: no usage (as vLLM)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("safety_identifier", "user-1"), ("prompt_cache_key", "k"),
+    ("prompt_cache_retention", "24h"), ("prompt_cache_options", {"ttl": "30m"}),
+    ("verbosity", None), ("verbosity", "medium"), ("moderation", None),
+    ("reasoning_effort", "none"), ("logit_bias", {"5": 0, "6": 0.0}),
+    ("response_format", {"type": "text", "json_schema": None})])
+def test_current_openai_fields_at_off_values_are_accepted(client: openai.OpenAI, field: str,
+                                                          value: object) -> None:
+    """Regression: the OpenAI client's newer chat fields were a 400 even at null, and so were
+    reasoning_effort "none", an all-zero logit_bias and a text response_format with a null
+    member."""
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
+                                       max_tokens=3, extra_body={**LONG, field: value})
+    assert r.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("field,value", [
+    ("verbosity", "high"), ("moderation", {"model": "m"}), ("reasoning_effort", "low"),
+    ("logit_bias", {"5": 1}), ("logit_bias", {"5": False})])
+def test_values_that_cannot_be_honoured_are_refused(client: openai.OpenAI, field: str,
+                                                    value: object) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
+                                       max_tokens=3, extra_body={field: value})
+    assert e.value.body["param"] == field
+
+
+def test_chat_errors_name_the_chat_fields(client: openai.OpenAI) -> None:
+    """Regression: chat errors named `prompt` and `max_tokens`, fields a chat request has not."""
+    user = [{"role": "user", "content": "a"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=user, max_completion_tokens=5000)
+    assert e.value.body["param"] == "max_completion_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=user, max_tokens=5000)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[
+            {"role": "user", "content": "word " * 5000}])
+    assert e.value.body["param"] == "messages"
+
+
+def test_max_tokens_0_is_an_empty_completion_and_echo_is_named(client: openai.OpenAI) -> None:
+    """OpenAI allows max_tokens 0 (scoring harnesses send it with echo): an empty completion,
+    and with echo the 400 names echo, not max_tokens."""
+    r = client.completions.create(model="tiny", prompt="abc", max_tokens=0)
+    assert r.choices[0].text == "" and r.usage.completion_tokens == 0
+    assert r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="abc", max_tokens=0, echo=True)
+    assert e.value.body["param"] == "echo"
+
+
+def test_a_prompt_holding_the_mask_token_is_refused(client: openai.OpenAI,
+                                                    tiny_model_dir: Path) -> None:
+    """Regression: a mask id in the prompt was rewritten by the denoiser (in its last block)
+    or left as a hole (before it)."""
+    mask = ModelConfig.load(tiny_model_dir).token_id("mask_token_id")
+    for prompt in ([5, mask, 6], [mask] * 4):
+        with pytest.raises(openai.BadRequestError, match="mask token") as e:
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=3)
+        assert e.value.body["param"] == "prompt"
 
 
 def test_pools_whole_after_everything(server: Server) -> None:

@@ -27,7 +27,7 @@ from dllm_serve.engine import (
     result_dict,
     rids_per_prompt,
 )
-from dllm_serve.errors import RequestError
+from dllm_serve.errors import RequestError, params_named
 from dllm_serve.http.body import parse_request
 from dllm_serve.http.bridge import Choice, Generation, tokenized, until_disconnected
 from dllm_serve.http.context import ServerContext
@@ -45,14 +45,16 @@ async def generate(ctx: ServerContext, request: Request, body: bytes) -> Respons
     batch, prompts = normalize_prompts(req.text, req.input_ids, "text")
     if not prompts:
         raise RequestError("Give at least one prompt.", param="text")
-    ids = await tokenized(len(body), front.tokenize_all, prompts)
-    params = per_prompt_params(_sampling(req.sampling_params), len(ids))
-    requests = expand_n(ids, params, rids_per_prompt(req.rid, len(ids)))
-    if req.stream and len(requests) > 1:
-        raise RequestError("stream=true takes a single prompt and n=1", param="stream")
-    choices = [Choice(i, p, r or uuid.uuid4().hex) for i, p, r in requests]
-    observer = ctx.metrics.observer() if ctx.metrics is not None else None
-    gen = Generation(front, choices, observer)
+    with params_named({"prompt": "text" if req.text is not None else "input_ids",
+                       "max_tokens": "max_new_tokens"}):
+        ids = await tokenized(len(body), front.tokenize_all, prompts)
+        params = per_prompt_params(_sampling(req.sampling_params), len(ids))
+        requests = expand_n(ids, params, rids_per_prompt(req.rid, len(ids)))
+        if req.stream and len(requests) > 1:
+            raise RequestError("stream=true takes a single prompt and n=1", param="stream")
+        choices = [Choice(i, p, r or uuid.uuid4().hex) for i, p, r in requests]
+        observer = ctx.metrics.observer() if ctx.metrics is not None else None
+        gen = Generation(front, choices, observer)
     if req.stream:
         return await sse_response(request,
                                   _chunks(gen, ctx.args.incremental_streaming_output))

@@ -20,7 +20,7 @@ from jinja2 import TemplateError as JinjaError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dllm_serve.errors import RequestError
+from dllm_serve.errors import RequestError, params_named
 from dllm_serve.http.body import parse_request
 from dllm_serve.http.bridge import Choice, Generation, Update, tokenized, until_disconnected
 from dllm_serve.http.context import ServerContext
@@ -30,6 +30,7 @@ from dllm_serve.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
+    StreamOptions,
     message_dicts,
     prompt_batch,
     unused_and_overrides,
@@ -72,8 +73,11 @@ async def create_chat_completion(ctx: ServerContext, request: Request, body: byt
     overrides = unused_and_overrides(req, CHAT)
     front = ctx.require_front()
     max_tokens = req.max_completion_tokens or req.max_tokens
-    ids = await tokenized(len(body), _render_and_tokenize, front, message_dicts(req.messages))
-    return await _serve(ctx, request, req, [ids], (max_tokens, None), overrides, chat=True)
+    asked = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    with params_named({"prompt": "messages", "max_tokens": asked}):
+        ids = await tokenized(len(body), _render_and_tokenize, front,
+                              message_dicts(req.messages))
+        return await _serve(ctx, request, req, [ids], (max_tokens, None), overrides, chat=True)
 
 
 def _render_and_tokenize(front: TokenizerManager, messages: list[dict[str, Any]]) -> list[int]:
@@ -107,8 +111,8 @@ async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
     gen = Generation(front, choices, observer)
     prompt_tokens = sum(len(ids) for ids in prompts)
     if req.stream:
-        usage = req.stream_options is not None and req.stream_options.include_usage
-        return await sse_response(request, _chunks(gen, head, prompt_tokens, usage))
+        return await sse_response(request, _chunks(gen, head, prompt_tokens,
+                                                   _usage_mode(req.stream_options)))
     return JSONResponse(await until_disconnected(request, _collect(gen, head, prompt_tokens)))
 
 
@@ -146,28 +150,38 @@ async def _collect(gen: Generation, head: Head, prompt_tokens: int) -> dict[str,
     return head.wrap(choices, usage=usage(prompt_tokens, completion))
 
 
+def _usage_mode(options: StreamOptions | None) -> str:
+    """The stream's usage: "" none; "final" (include_usage) a last chunk with it, usage null
+    on the others; "every" (and continuous_usage_stats, as vLLM) the usage so far on each
+    chunk too."""
+    if options is None or not options.include_usage:
+        return ""
+    return "every" if options.continuous_usage_stats else "final"
+
+
 async def _chunks(gen: Generation, head: Head, prompt_tokens: int,
-                  include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+                  usage_mode: str) -> AsyncIterator[dict[str, Any]]:
     chunk_head = Head(head.id, f"{head.object}.chunk" if head.chat else head.object,
                       head.created, head.model, head.chat)
-    extra = {"usage": None} if include_usage else {}
     started: set[int] = set()
-    completion = 0
+    tokens: dict[int, int] = {}  # each choice's completion tokens so far
     try:
         async for update in gen.updates():
             out = update.out
+            tokens[update.index] = out.meta["completion_tokens"]
             if out.finished:
                 raise_if_failed(out.finish_reason)
-                completion += out.meta["completion_tokens"]
             elif not out.delta:
                 continue
             first = update.index not in started
             started.add(update.index)
+            extra = ({"usage": usage(prompt_tokens, sum(tokens.values()))}
+                     if usage_mode == "every" else {"usage": None} if usage_mode else {})
             yield chunk_head.wrap([_delta(chunk_head, update, first)], **extra)
     finally:
         gen.close()  # closed early (client gone, error): abort what is still running
-    if include_usage:
-        yield chunk_head.wrap([], usage=usage(prompt_tokens, completion))
+    if usage_mode:
+        yield chunk_head.wrap([], usage=usage(prompt_tokens, sum(tokens.values())))
 
 
 def _choice(head: Head, index: int, out: GenOutput) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dllm_serve.request_fields import (
     NONE_LIST,
     OPENAI,
     SAMPLING,
+    ZERO_MAP,
     check_unused,
 )
 from dllm_serve.request_fields import fields_of as table_fields
@@ -61,7 +62,7 @@ class WithOverrides(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # accepted; usage comes in the last chunk only
+    continuous_usage_stats: bool = False  # with include_usage: every chunk has the usage so far
     include_obfuscation: bool = True  # accepted (OpenAI's client sends it); chunks carry no
     # obfuscation padding
 
@@ -100,7 +101,7 @@ class SamplingFields(WithOverrides):
 class _Completion(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]  # see prompt_batch
     # Absent: COMPLETION_MAX_TOKENS (OpenAI's 16) or fewer if fewer fit; null: as many as fit.
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)  # 0: an empty completion (OpenAI allows it)
 
 
 class ContentPart(Strict):
@@ -166,6 +167,9 @@ def _values(off: tuple[Any, ...]) -> dict[str, Any] | None:
         return None
     if off is NONE_LIST:
         return {"anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "null"}}]}
+    if off is ZERO_MAP:
+        return {"anyOf": [{"type": "null"}, {"type": "object",
+                                             "additionalProperties": {"const": 0}}]}
     return {"enum": list(off)}
 
 
@@ -174,6 +178,8 @@ def _describe(off: tuple[Any, ...], why: str) -> str:
         return f"Accepted and ignored: {why}."
     if off is NONE_LIST:
         return "Not implemented: accepted only as null (or a list of nulls)."
+    if off is ZERO_MAP:
+        return "Not implemented: accepted only as null or an object of zero biases."
     return "Not implemented: accepted only at its off value(s) " + ", ".join(
         "null" if o is None else repr(o) for o in off) + "."
 

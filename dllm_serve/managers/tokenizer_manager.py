@@ -144,6 +144,17 @@ class TokenizerManager:
             raise RequestError(f"Token id {bad} is out of vocabulary (vocab size {vocab}).",
                                param=param)
 
+    def _check_no_mask(self, input_ids: list[int]) -> None:
+        """RequestError (400) for a prompt holding the mask token: the engine fills the mask
+        positions of the blocks it generates, so one in the prompt's last block would be
+        rewritten and one before it left as a hole."""
+        mask = self.config.dllm.mask_id
+        if mask in input_ids:
+            raise RequestError(f"The prompt contains the mask token (id {mask}, position "
+                               f"{input_ids.index(mask)}), which the model reserves for the "
+                               f"positions it generates; remove it from the prompt.",
+                               param="prompt")
+
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (400) for anything the engine cannot serve; a max_new_tokens
         left out becomes its default or `room()`, whichever is smaller. An explicit one that
@@ -156,6 +167,7 @@ class TokenizerManager:
             raise RequestError(f"The input ({n} tokens) is longer than the model's context "
                                f"length ({ctx} tokens).", param="prompt")
         self.check_ids(input_ids, "prompt")
+        self._check_no_mask(input_ids)
         vocab = self.model_config.vocab_size
         if params.max_new_tokens is None:  # left out: never more than fits (as SGLang)
             params.max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, self.room(len(input_ids)))
