@@ -46,7 +46,7 @@ def assert_error(r: httpx.Response, status: int, *words: str) -> dict[str, Any]:
     (CMPL, {"prompt": [5] * 4000, "max_tokens": 100}, ["Requested token count exceeds"]),
     (CHAT, {"messages": [{"role": "user", "content": "word " * 5000}]}, ["context length"]),
     (CMPL, {"prompt": "x", "max_tokens": "abc"}, ["max_tokens"]),
-    (CMPL, {"prompt": "x", "max_tokens": 0}, ["max_tokens"]),
+    (CMPL, {"prompt": "x", "max_tokens": -1}, ["max_tokens"]),  # 0: an empty completion
     (CMPL, {"prompt": "x", "temperature": "hot"}, ["temperature"]),
     (CMPL, {"prompt": "x", "temperature": -1}, ["temperature"]),
     (CMPL, {"prompt": "x", "top_p": 0}, ["top_p"]),
@@ -243,6 +243,14 @@ def test_native_errors(server: Server) -> None:
                  "return_logprob")
     assert_error(server.post("/generate", {"text": "a", "rid": ["x", "y"]}), 400, "rid")
     assert_error(server.post("/abort_request", {}), 400, "rid")
+    # the front's prompt and length checks, under /generate's own names
+    err = assert_error(server.post("/generate", {"text": "word " * 5000}), 400, "context")
+    assert err["param"] == "text"
+    err = assert_error(server.post("/generate", {"input_ids": [10**6]}), 400, "vocabulary")
+    assert err["param"] == "input_ids"
+    err = assert_error(server.post("/generate", {"text": "a", "sampling_params": {
+        "max_new_tokens": 10**6}}), 400, "context length")
+    assert err["param"] == "max_new_tokens"
 
 
 def test_left_out_max_tokens_fit_the_context(server: Server) -> None:
