@@ -44,10 +44,42 @@ def test_stop_regex_finishes_at_the_earliest_match() -> None:
     checker = FinishChecker({EOS}, letters)
     r = req(max_new_tokens=20, stop_regex=[r"c+d"], stop=["zz"])
     assert commit(checker, r, [0, 1, 2, 2, 3, 4]) == [0, 1, 2, 2, 3]  # "abccd"
-    assert r.finish_reason == {"type": "stop", "matched": "ccd"}
+    assert r.finish_reason == {"type": "stop", "matched": "ccd", "at": 2}
     r = req(max_new_tokens=20, stop_regex=[r"x"], stop=["bc"])
     assert commit(checker, r, [0, 1, 2, 23]) == [0, 1, 2]  # "bc" comes before "x"
-    assert r.finish_reason == {"type": "stop", "matched": "bc"}
+    assert r.finish_reason == {"type": "stop", "matched": "bc", "at": 1}
+
+
+def test_a_regex_match_is_cut_where_it_starts_not_at_its_text_s_first_occurrence() -> None:
+    """Regression: the front cut a stop_regex finish at the first occurrence of the matched
+    text; with a lookbehind the match ("bb" after "c") comes after an earlier "bb" that does
+    not match, and the non-streamed text was cut too early."""
+    r = req(max_new_tokens=20, stop_regex=[r"(?<=c)bb"])
+    out = commit(FinishChecker({EOS}, letters), r, [1, 1, 2, 1, 1, 0])  # "bbcbba"
+    assert out == [1, 1, 2, 1, 1] and r.finish_reason == {"type": "stop", "matched": "bb",
+                                                          "at": 3}
+    reason = dict(r.finish_reason)
+    at = reason.pop("at")
+    assert IncrementalDetokenizer(letters, []).update(out, reason, at) == "bbc"
+    assert IncrementalDetokenizer(letters, [], keep_stop=True).update(out, reason, at) == "bbcbb"
+
+
+def test_stop_strings_are_found_in_the_text_the_client_gets() -> None:
+    """Regression: stop strings were searched in text decoded without special tokens even when
+    the request kept them (skip_special_tokens false): one made of a special token's text
+    never matched, and one could match across a special token hidden from the search."""
+    def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join("<S>" if i == 9 else "" if i == 8 and skip_special_tokens else
+                       "<T>" if i == 8 else chr(ord("a") + i) for i in ids)
+
+    checker = FinishChecker({EOS}, decode)
+    kept = req(max_new_tokens=20, stop=["<T>"], skip_special_tokens=False)
+    assert commit(checker, kept, [0, 8, 1]) == [0, 8]
+    assert kept.finish_reason == {"type": "stop", "matched": "<T>"}
+    across = req(max_new_tokens=20, stop=["ab"], skip_special_tokens=False)  # "a<T>b"
+    assert commit(checker, across, [0, 8, 1, 2]) == [0, 8, 1, 2] and not across.finished
+    skipped = req(max_new_tokens=20, stop=["ab"])  # the client's text is "ab": it stops
+    assert commit(checker, skipped, [0, 8, 1, 2]) == [0, 8, 1]
 
 
 def test_a_request_s_regex_searches_share_one_time_limit_a_commit(monkeypatch) -> None:
@@ -441,6 +473,8 @@ def test_a_stop_regex_is_searched_in_the_whole_text_decoded_where_it_grew() -> N
         assert len(fast.output_ids) == (first or len(ids)), (case, pattern)
         if first is not None:
             match = regex.search(pattern, tok.decode(ids[:first])).group(0)
-            assert fast.finish_reason == {"type": "stop", "matched": match}
+            assert fast.finish_reason == {"type": "stop", "matched": match,
+                                          "at": regex.search(pattern, tok.decode(
+                                              ids[:first])).start()}
         finished += fast.finished
     assert 30 < finished < 200

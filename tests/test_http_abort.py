@@ -45,6 +45,25 @@ def test_abort_request_by_rid_ends_the_stream(server: Server) -> None:
     pools_whole(server)
 
 
+def test_abort_by_the_rid_asked_ends_its_copies(server: Server) -> None:
+    """Regression: a /generate with rid "fam" and n = 2 runs as "fam-0" and "fam-1", and an
+    abort of "fam" found nothing (SGLang aborts every rid that begins with the one given)."""
+    result: list[httpx.Response] = []
+    body = {"text": "abort us", "rid": "fam", "sampling_params": {**ENDLESS, "n": 2}}
+    thread = threading.Thread(target=lambda: result.append(server.post("/generate", body)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while server.get("/get_server_info").json()["num_running_reqs"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert server.post("/abort_request", {"rid": "fam"}).json() == {"success": True}
+    thread.join(60)
+    outs = result[0].json()
+    assert [o["meta_info"]["id"] for o in outs] == ["fam-0", "fam-1"]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+    pools_whole(server)
+
+
 def test_abort_all_finishes_every_request(server: Server) -> None:
     results: list[httpx.Response] = []
 

@@ -122,6 +122,29 @@ def test_stop_strings_truncate_in_stream_and_not(client: openai.OpenAI) -> None:
     chunks = list(client.completions.create(stop=stop, stream=True, **args))
     assert "".join(c.choices[0].text for c in chunks) == cut
     assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra["matched_stop"] == stop  # as SGLang's stream
+    assert r.choices[0].model_extra["matched_stop"] == stop
+
+
+def test_a_regex_stop_cuts_where_it_matched_in_stream_and_not(client: openai.OpenAI) -> None:
+    """Regression: the non-streamed text was cut at the matched text's first occurrence, not
+    where the regex matched (a lookbehind rules the first one out)."""
+    import re
+
+    args = {"model": "tiny", "prompt": "Tell me a story", "max_tokens": 96, "extra_body": LONG}
+    text = client.completions.create(**args).choices[0].text
+    case = next((text[j - 1], text[j:j + 2], j) for j in range(2, len(text) - 2)
+                if "\ufffd" not in text[j - 1:j + 2] and (i := text.find(text[j:j + 2])) < j
+                and text[j - 1] not in (text[i - 1:i] or "") and text[j - 1] != text[j]
+                and re.search(f"(?<={re.escape(text[j - 1])}){re.escape(text[j:j + 2])}",
+                              text).start() == j)
+    before, match, j = case
+    pattern = f"(?<={re.escape(before)}){re.escape(match)}"
+    body = {**args, "extra_body": {**LONG, "stop_regex": [pattern]}}
+    r = client.completions.create(**body)
+    assert r.choices[0].text == text[:j] and r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(stream=True, **body))
+    assert "".join(c.choices[0].text for c in chunks) == text[:j]
 
 
 def test_seeded_sampling(client: openai.OpenAI) -> None:

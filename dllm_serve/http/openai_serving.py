@@ -193,15 +193,18 @@ def _choice(head: Head, index: int, out: GenOutput) -> dict[str, Any]:
 
 
 def _delta(head: Head, update: Update, first: bool) -> dict[str, Any]:
+    """One choice's chunk; its last (finish_reason set) also has matched_stop, as SGLang's."""
     out = update.out
     reason = finish_reason(out.finish_reason) if out.finished else None
+    last = {"matched_stop": (out.finish_reason or {}).get("matched")} if out.finished else {}
     if not head.chat:
         return {"index": update.index, "text": out.delta, "logprobs": None,
-                "finish_reason": reason}
+                "finish_reason": reason, **last}
     delta: dict[str, Any] = {"role": "assistant"} if first else {}
     if out.delta or first:
         delta["content"] = out.delta
-    return {"index": update.index, "delta": delta, "logprobs": None, "finish_reason": reason}
+    return {"index": update.index, "delta": delta, "logprobs": None, "finish_reason": reason,
+            **last}
 
 
 def finish_reason(reason: dict[str, Any] | None) -> str | None:

@@ -27,7 +27,11 @@ class IncrementalDetokenizer:
         self.sent = 0
         self.text = ""
 
-    def update(self, output_ids: list[int], finish_reason: dict[str, Any] | None) -> str:
+    def update(self, output_ids: list[int], finish_reason: dict[str, Any] | None,
+               at: int | None = None) -> str:
+        """The new text. On a stop finish the text is cut at `at` (where the match starts,
+        as the scheduler found it: a regex's match need not be the matched text's first
+        occurrence), else at the matched string's first occurrence."""
         text = self.decoded.text(output_ids)
         if finish_reason is None:
             limit = len(text) - partial_stop_len(text, self.stops)
@@ -36,7 +40,7 @@ class IncrementalDetokenizer:
         else:
             matched = finish_reason.get("matched")
             if finish_reason.get("type") == "stop" and isinstance(matched, str):
-                cut = text.find(matched)
+                cut = text.find(matched) if at is None else at
                 if cut >= 0:
                     text = text[:cut + len(matched) if self.keep_stop else cut]
             limit = len(text)

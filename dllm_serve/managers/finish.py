@@ -6,7 +6,9 @@ not count before min_new_tokens tokens (they stay in the output as ordinary toke
 strings still end it, as in SGLang). Tokens
 after the finishing one are dropped, so EOS and stop strings truncate inside a block. The
 finishing token is kept in output_ids (SGLang's convention); the front cuts the text at a
-matched stop string or regex match (`matched` holds the matched text).
+matched stop string or regex match (`matched` holds the matched text; with a stop_regex, whose
+search covers the whole output's text, `at` holds where the match starts in it). The text
+searched is decoded as the client's is: with or without special tokens, as the request asks.
 
 A stop_regex is searched with the `regex` package under a time limit: a pattern that
 backtracks without end (e.g. `(.*.*)*x$`) would otherwise hold the scheduler forever. The limit,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -28,7 +31,7 @@ import regex
 from dllm_serve.managers.req import Req
 from dllm_serve.utils.text import GrowingText, find_stop
 
-Decode = Callable[[list[int]], str]
+Decode = Callable[..., str]  # decode(ids, skip_special_tokens=True) -> text
 STOP_REGEX_TIMEOUT_S = 0.05  # a request's regex searches at one commit, together
 # stop sets are shared between requests that send the same stop ids (a server sees a few):
 # at most STOP_SETS_KEPT of them are kept (past it the caches start over), and only sets of at
@@ -131,21 +134,25 @@ class FinishChecker:
         which is searched whole (its text decoded only where it grew: `req.text`)."""
         assert self.decode is not None
         params, ids = req.params, req.output_ids
+        decode = (self.decode if params.skip_special_tokens
+                  else partial(self.decode, skip_special_tokens=False))
         if params.stop_regex:
-            req.text = req.text or GrowingText(self.decode)
+            req.text = req.text or GrowingText(decode)
             lo, text = 0, req.text.text(ids)
         else:
             lo = max(0, start - stop_lookback(params.stop))
-            text = self.decode(ids[lo:])
+            text = decode(ids[lo:])
         deadline = time.monotonic() + STOP_REGEX_TIMEOUT_S  # every regex search of this commit
         if _find(text, params.stop, params.stop_regex, deadline) is None:
             return
-        prefix = GrowingText(self.decode)  # each prefix's text, decoded where it grew
+        prefix = GrowingText(decode)  # each prefix's text, decoded where it grew
         for n in range(start + 1, len(ids) + 1):
             hit = _find(prefix.text(ids[lo:n]), params.stop, params.stop_regex, deadline)
             if hit is not None:
                 del req.output_ids[n:]
                 req.finish_reason = {"type": "stop", "matched": hit[1]}
+                if params.stop_regex:  # the whole text was searched: hit[0] indexes it
+                    req.finish_reason["at"] = hit[0]
                 return
 
 

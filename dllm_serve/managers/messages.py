@@ -84,7 +84,8 @@ class ReqOutput:
     rid: str
     new_ids: np.ndarray  # (n,) int64
     finished: bool = False
-    # {"type": "stop", "matched": id | str} | {"type": "length", "length": n}
+    # {"type": "stop", "matched": id | str (, "at": where it starts in the text; the front
+    # takes it out)} | {"type": "length", "length": n}
     # | {"type": "abort", "message": str, "status_code": int}
     # | {"type": "error", "message": str, "status_code": 500} (this request failed alone)
     finish_reason: dict[str, Any] | None = None

@@ -221,9 +221,23 @@ class TokenizerManager:
         return IncrementalDetokenizer(decode, params.stop, params.no_stop_trim)
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
-        if rid is None and not abort_all:
-            return
-        self._send(AbortReq(rid=rid, abort_all=abort_all))
+        """Abort the request `rid` (or, where none has it, the copies made of it) or all."""
+        if abort_all:
+            self._send(AbortReq(rid=rid, abort_all=True))
+        elif rid is not None:
+            for one in self._family(rid):
+                self._send(AbortReq(rid=one))
+
+    def _family(self, rid: str) -> list[str]:
+        """[rid] when a request of the front has it; else the copies made of it ("rid-0",
+        "rid-1", ...: n > 1, an OpenAI response's choices), as SGLang's abort takes every
+        request whose rid begins with the one given; else [rid] (a request the front has
+        already forgotten: the scheduler finds none)."""
+        with self.states_lock:
+            if rid in self.states:
+                return [rid]
+            copies = [r for r in self.states if r.startswith(rid + "-")]
+        return copies or [rid]
 
     def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
         info: InfoResp = self._ask(InfoReq, timeout)
@@ -298,7 +312,8 @@ class TokenizerManager:
         now = time.monotonic()
         state.first_output = state.first_output or now
         state.output_ids.extend(out.new_ids.tolist())
-        delta = state.detok.update(state.output_ids, out.finish_reason)
+        at = out.finish_reason.pop("at", None) if out.finish_reason else None  # internal
+        delta = state.detok.update(state.output_ids, out.finish_reason, at)
         meta = {"id": out.rid, "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
                 "cached_tokens": out.cached_tokens,
