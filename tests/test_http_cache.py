@@ -75,3 +75,18 @@ def test_flush_cache_is_refused_while_a_request_runs(server: Server) -> None:
     info = server.get("/get_server_info").json()
     assert info["radix_cache"]["cached_pages"] == 0 == info["radix_cache"]["evictable_pages"]
     assert info["kv_pool"]["free_pages"] == info["kv_pool"]["total_pages"]
+
+
+def test_max_new_tokens_0_prefills_and_warms_the_cache(server: Server) -> None:
+    """SGLang's prefill-only request (max_new_tokens 0): an empty answer, and the prompt's
+    whole blocks are in the prefix cache for the next request."""
+    text = PROMPT + "warm me"
+    warm = server.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
+    out = warm.json()
+    assert out["text"] == "" and out["meta_info"]["finish_reason"]["type"] == "length"
+    assert out["meta_info"]["completion_tokens"] == 0
+    after = server.post("/generate", {"text": text, "sampling_params": {
+        "max_new_tokens": 4, "ignore_eos": True}}).json()["meta_info"]
+    assert after["cached_tokens"] == after["prompt_tokens"] // 32 * 32 > 0
+    pools_whole(server)
+

@@ -204,10 +204,6 @@ class TokenizerManager:
             if rid in self.states:
                 raise RequestError(f"Duplicate request id {rid!r}.")
             self.states[rid] = ReqState(params, callback, self._detokenizer(params))
-        if params.max_new_tokens == 0:  # SGLang's prefill-only request: nothing to generate
-            self._deliver(ReqOutput(rid, np.zeros(0, dtype=np.int64), True,
-                                    {"type": "length", "length": 0}, len(input_ids)))
-            return rid
         ids = np.asarray(input_ids, dtype=np.int64)
         self._send(GenerateReq(rid, ids, params, time.monotonic()))
         return rid
