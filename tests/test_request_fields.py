@@ -17,6 +17,7 @@ from dllm_serve.request_fields import (
     NONE_LIST,
     OPENAI,
     SAMPLING,
+    ZERO_MAP,
     check_unused,
 )
 from dllm_serve.sampling_params import (
@@ -39,7 +40,8 @@ def test_every_field_accepts_its_off_values_and_names_itself_otherwise(name: str
     if field.off is ANY:
         check_unused({name: "anything"}, scope)
         return
-    offs = [None] if field.off is NONE_LIST else field.off
+    offs = ([None, [None]] if field.off is NONE_LIST else
+            [None, {}, {"5": 0, "7": 0.0}] if field.off is ZERO_MAP else field.off)
     for off in offs:
         check_unused({name: off}, scope)
     with pytest.raises(RequestError) as e:
@@ -54,6 +56,8 @@ def test_booleans_are_not_numbers() -> None:
     check_unused({"lora_path": [None, None]}, GENERATE)
     with pytest.raises(RequestError):
         check_unused({"lora_path": [None, "a"]}, GENERATE)
+    with pytest.raises(RequestError):
+        check_unused({"logit_bias": {"5": False}}, SAMPLING)
 
 
 @pytest.mark.parametrize("model,scope", [
