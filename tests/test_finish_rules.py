@@ -127,6 +127,17 @@ def test_detokenizer_trims_or_keeps_the_stop_string() -> None:
     assert keep.update([0, 1, 2, 2, 3], reason) == "abccd"
 
 
+def test_detokenizer_trims_a_stop_token_s_text_as_sglang() -> None:
+    """A finish on a stop token (a stop_token_ids entry, or EOS kept as text with
+    skip_special_tokens false) leaves that token's text out, as SGLang's trim does; with
+    keep_stop (no_stop_trim) it stays."""
+    reason = {"type": "stop", "matched": 3}
+    assert IncrementalDetokenizer(letters, []).update([0, 1, 3], reason) == "ab"
+    assert IncrementalDetokenizer(letters, [], keep_stop=True).update([0, 1, 3], reason) == "abd"
+    streamed = IncrementalDetokenizer(letters, [])
+    assert streamed.update([0, 1], None) + streamed.update([0, 1, 2, 3], reason) == "abc"
+
+
 def test_partial_stop_len_is_the_longest_suffix_that_begins_a_stop_string() -> None:
     """The stop-string hold-back against trying every length: random texts and stop strings
     over small alphabets (many partial matches, periodic strings such as "abab..."), of every
