@@ -49,15 +49,17 @@ class Engine:
         if stream:
             return self._stream(*requests[0])
         waits: list[tuple[str, queue.Queue[GenOutput]]] = []
+        outs: list[GenOutput] = []
         try:
             with collector_paused():
                 for i, p, r in requests:
                     waits.append(self._submit(i, p, r))
-        except BaseException:  # e.g. a rid already running: none of the batch runs
-            for r, _ in waits:
+            for _, q in waits:
+                outs.append(_last(q))
+        finally:  # e.g. a rid already running, or Ctrl-C while waiting: nothing is left running
+            for r, _ in waits[len(outs):]:
                 self.front.abort(r)
-            raise
-        results = [result_dict(_last(q)) for _, q in waits]
+        results = [result_dict(o) for o in outs]
         return results if batch or len(results) > 1 else results[0]
 
     async def async_generate(self, prompt: str | list[str] | None = None,
@@ -126,7 +128,7 @@ class Engine:
         try:
             while True:
                 out = await q.get()
-                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+                yield chunk_dict(out)
                 if out.finished:
                     return
         finally:
@@ -141,13 +143,14 @@ class Engine:
             while not finished:
                 out = q.get()
                 finished = out.finished
-                yield {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+                yield chunk_dict(out)
         finally:  # left early (closed, collected): the engine frees the request's slot and KV
             if not finished:
                 self.front.abort(r)
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
-        self.front.abort(rid, abort_all)
+        """Abort request `rid` (or the copies made of it: "<rid>-<i>"), or all."""
+        self.front.abort(rid, abort_all, copies=True)
 
     def get_server_info(self) -> dict[str, Any]:
         """Server args, the scheduler's state, `kv_pool` / `req_pool` occupancy and
@@ -305,7 +308,18 @@ async def _alast(q: _Updates) -> GenOutput:
 def result_dict(out: GenOutput) -> dict[str, Any]:
     """A request's output as SGLang returns it (finished, or so far in a cumulative stream):
     text, output_ids, meta_info."""
+    raise_if_dead(out)
+    return {"text": out.text, "output_ids": out.output_ids, "meta_info": out.meta}
+
+
+def chunk_dict(out: GenOutput) -> dict[str, Any]:
+    """One streamed update: the new text and ids, meta_info."""
+    raise_if_dead(out)
+    return {"text": out.delta, "output_ids": out.new_ids, "meta_info": out.meta}
+
+
+def raise_if_dead(out: GenOutput) -> None:
+    """EngineDeadError for a request the engine failed (or ended by shutting down)."""
     reason = out.finish_reason or {}
     if reason.get("type") == "abort" and reason.get("status_code") == 500:
         raise EngineDeadError(reason.get("message", "engine failed"))
-    return {"text": out.text, "output_ids": out.output_ids, "meta_info": out.meta}

@@ -8,6 +8,7 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -202,6 +203,27 @@ def test_async_generate_cancelled_or_left_early_aborts(engine: Engine, monkeypat
     asyncio.run(main())
     wait_idle(engine)
     assert sorted(endings.values()) == ["abort"] * 3
+    assert_pools_whole(engine)
+
+
+def test_an_interrupted_generate_aborts_its_requests(engine: Engine, monkeypatch) -> None:
+    """Regression: Ctrl-C (KeyboardInterrupt) while generate waited left its requests running
+    to their full length, holding their slots and pages."""
+    import dllm_serve.engine as engine_module
+
+    endings = watch_endings(engine, monkeypatch)
+    wait = engine_module._last
+
+    def interrupted(q):  # type: ignore[no-untyped-def]
+        q.get(timeout=60)  # the first block came: the requests run
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_module, "_last", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate(["stop us", "us too"], {"max_new_tokens": 2000, "ignore_eos": True})
+    monkeypatch.setattr(engine_module, "_last", wait)
+    wait_idle(engine)
+    assert sorted(endings.values()) == ["abort", "abort"]
     assert_pools_whole(engine)
 
 
@@ -417,6 +439,7 @@ def test_a_cancelled_startup_stops_its_children_at_once(tiny_model_dir: Path) ->
 
 NEVER_SHUT_DOWN = """
 import sys
+import threading
 from dllm_serve import Engine
 
 if __name__ == "__main__":
@@ -438,6 +461,40 @@ def test_an_engine_never_shut_down_stops_cleanly_at_exit(tiny_model_dir: Path,
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     folder = Path(done.stdout.strip()[len("ipc://"):]).parent
     assert folder.name.startswith("dllm-serve-") and not folder.exists()
+
+
+def test_shutdown_ends_the_calls_still_waiting_and_later_ones(tiny_model_dir: Path) -> None:
+    """Regression: a thread waiting in generate (or iterating a stream) when another shut the
+    engine down waited forever; a call after shutdown raised a ZMQError."""
+    e = make_engine(tiny_model_dir)
+    long = {"max_new_tokens": 3000, "ignore_eos": True}
+    errors: queue.Queue = queue.Queue()
+
+    def wait_in(call) -> None:  # type: ignore[no-untyped-def]
+        try:
+            call()
+        except EngineDeadError as exc:
+            errors.put(str(exc))
+
+    stream = e.generate("streamed", long, stream=True)
+    assert next(stream)["output_ids"]
+    threads = [threading.Thread(target=wait_in, args=(c,), daemon=True) for c in (
+        lambda: e.generate("waiting", long), lambda: list(stream))]
+    for t in threads:
+        t.start()
+    while e.front.num_pending() < 2:
+        time.sleep(0.02)
+    e.shutdown()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert errors.qsize() == 2 and "shut down" in errors.get()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.generate("after", {"max_new_tokens": 2})
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.get_server_info()
+    e.abort(abort_all=True)  # nothing runs: nothing to do
+    e.shutdown()  # twice: nothing to do
 
 
 def test_shutdown_leaves_no_children(tiny_model_dir: Path) -> None:

@@ -92,5 +92,5 @@ async def abort_request(ctx: ServerContext, body: bytes) -> Response:
     req = await parse_request(AbortRequest, body)
     if req.rid is None and not req.abort_all:
         raise RequestError("Give rid or abort_all=true.", param="rid")
-    ctx.require_front().abort(req.rid, req.abort_all)
+    ctx.require_front().abort(req.rid, req.abort_all, copies=True)
     return JSONResponse({"success": True})

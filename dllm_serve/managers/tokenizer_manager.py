@@ -216,12 +216,16 @@ class TokenizerManager:
 
         return IncrementalDetokenizer(decode, params.stop, params.no_stop_trim)
 
-    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
-        """Abort the request `rid` (or, where none has it, the copies made of it) or all."""
+    def abort(self, rid: str | None = None, abort_all: bool = False,
+              copies: bool = False) -> None:
+        """Abort the request `rid`, or all; with `copies` (a user's abort), where no request
+        has `rid`, the copies made of it. Nothing once shut down (nothing runs)."""
+        if self.closed:
+            return
         if abort_all:
             self._send(AbortReq(rid=rid, abort_all=True))
         elif rid is not None:
-            for one in self._family(rid):
+            for one in self._family(rid) if copies else [rid]:
                 self._send(AbortReq(rid=one))
 
     def _family(self, rid: str) -> list[str]:
@@ -333,13 +337,18 @@ class TokenizerManager:
     def _fail_all(self, message: str) -> None:
         if self.dead is None:
             logger.error("%s", message)
-        self.dead = message
+        self._end_all(message)
+        self.procs.kill(timeout=2.0)
+
+    def _end_all(self, message: str) -> None:
+        """Every request still waiting ends with an engine failure (`message`), and so does
+        any later call."""
+        self.dead = self.dead or message
         with self.states_lock:
             rids = list(self.states)
         reason = {"type": "abort", "message": message, "status_code": 500}
         for rid in rids:
             self._deliver(ReqOutput(rid, np.zeros(0, dtype=np.int64), True, reason))
-        self.procs.kill(timeout=2.0)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -354,6 +363,7 @@ class TokenizerManager:
             pass
         self.procs.kill(grace=SHUTDOWN_GRACE_S)  # the children stop on Shutdown; then signals
         self.thread.join(timeout=2.0)
+        self._end_all("the engine was shut down")  # callers still waiting are told so
         self.tx.sock.close()
         self.rx.sock.close()
         self.ctx.term()
