@@ -195,7 +195,7 @@ def normalize_prompts(prompt: str | list[str] | None,
         for text in texts:
             _check_text(text)
         return batch, texts
-    input_ids = _list(input_ids)
+    input_ids = _list(input_ids, "input_ids")
     if input_ids and (isinstance(input_ids[0], (list, tuple))
                       or getattr(input_ids[0], "ndim", 0) == 1):  # a batch (rows may be arrays)
         rows = [_list(x, "input_ids") for x in input_ids]

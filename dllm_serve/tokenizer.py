@@ -20,6 +20,8 @@ from jinja2 import Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from dllm_serve.utils.jsonfile import read_json_object
+
 logger = logging.getLogger(__name__)
 
 # Every character str.isspace() holds (Unicode's whitespace, U+3000 the last).
@@ -47,13 +49,17 @@ class Tokenizer:
 
     @staticmethod
     def load(path: str | Path) -> Tokenizer:
-        """Read `path/tokenizer.json` and (if present) `path/tokenizer_config.json`."""
+        """Read `path/tokenizer.json` and (if present) `path/tokenizer_config.json`; a
+        `chat_template.jinja` beside them is the chat template, before tokenizer_config's
+        (as Hugging Face's tokenizers load it: recent transformers save it there)."""
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {str(path)!r}")
-        cfg_file = path / "tokenizer_config.json"
-        config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        config = read_json_object(path / "tokenizer_config.json")
+        template = path / "chat_template.jinja"
+        if template.is_file():
+            config = {**config, "chat_template": template.read_text()}
         return Tokenizer(HFTokenizer.from_file(str(file)), config)
 
     @property
@@ -143,7 +149,8 @@ class Tokenizer:
     @cached_property
     def _compiled_template(self) -> Template:
         if self.chat_template is None:
-            raise ValueError("this tokenizer has no chat_template in tokenizer_config.json; "
+            raise ValueError("this tokenizer has no chat template (chat_template.jinja, or "
+                             "chat_template in tokenizer_config.json); "
                              "send a plain prompt instead of chat messages")
         return _jinja_env().from_string(self.chat_template)
 

@@ -33,7 +33,9 @@ def test_eos_does_not_finish_before_min_new_tokens() -> None:
     assert commit(checker, r, [EOS, EOS, 5, EOS]) == [EOS, EOS, 5, EOS]
     assert r.finish_reason == {"type": "stop", "matched": EOS}
     r = req(max_new_tokens=10, min_new_tokens=3, stop_token_ids=[5])
-    assert commit(checker, r, [5, 1, 5, 2]) == [5, 1, 5]
+    assert commit(checker, r, [5, 1, 5, 2]) == [5, 1, 5, 2] and not r.finished
+    r = req(max_new_tokens=10, min_new_tokens=3, stop_token_ids=[5])
+    assert commit(checker, r, [5, 1, 5, 5, 5]) == [5, 1, 5, 5]  # 3 tokens before the stop
     assert r.finish_reason == {"type": "stop", "matched": 5}
     r = req(max_new_tokens=2, min_new_tokens=2)
     assert commit(checker, r, [EOS, 5, EOS]) == [EOS, 5]
@@ -199,14 +201,15 @@ def test_from_dict_maps_sglang_spellings() -> None:
 
 def test_min_new_tokens_through_scheduler_and_worker() -> None:
     """Every generated token is EOS: the request runs past the early ones (the worker does not
-    drop it at the first) and ends at the first EOS at or after min_new_tokens."""
+    drop it at the first) and ends at the first EOS with min_new_tokens tokens before it (as
+    SGLang and vLLM count it)."""
     from local_engine import scripted_engine
 
     e = scripted_engine(fill=14, eos=14)
     e.submit("a", [1, 2], max_new_tokens=12, min_new_tokens=6)
     e.submit("b", [1, 2], max_new_tokens=12)
     outs = e.run()
-    assert outs["a"][-1].completion_tokens == 6
+    assert outs["a"][-1].completion_tokens == 7
     assert outs["a"][-1].finish_reason == {"type": "stop", "matched": 14}
     assert outs["b"][-1].completion_tokens == 1
 
@@ -219,7 +222,7 @@ def token_by_token(checker: FinishChecker, r: Req, tokens: list[int]) -> list[in
         r.output_ids.append(t)
         added.append(t)
         n = len(r.output_ids)
-        stop = n >= p.min_new_tokens and (
+        stop = n > p.min_new_tokens and (
             (t in checker.eos_ids and not p.ignore_eos) or t in p.stop_token_ids)
         r.finish_reason = ({"type": "stop", "matched": t} if stop else
                            {"type": "length", "length": p.max_new_tokens}

@@ -115,6 +115,8 @@ def test_backend_choices_are_the_registries() -> None:
 @pytest.mark.parametrize("broken,words", [
     ({"config.json": "{not json"}, "config.json: not valid JSON"),
     ({"config.json": "[1, 2]"}, "config.json: expected a JSON object"),
+    ({"generation_config.json": "{bad"}, "generation_config.json: not valid JSON"),
+    ({"tokenizer_config.json": "{bad"}, "tokenizer_config.json: not valid JSON"),
     ({"vocab_size": "abc"}, "vocab_size must be an integer"),
     ({"mask_token_id": 10**9}, "mask id 1000000000 is outside the vocabulary"),
     ({"tokenizer.json": None}, "tokenizer"),

@@ -278,3 +278,20 @@ def test_server_still_serves_after_bad_requests(server: Server) -> None:
     r = server.post(CMPL, {"prompt": "x", "max_tokens": 3, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     pools_whole(server)
+
+
+def test_a_template_that_fails_on_the_messages_is_a_400() -> None:
+    """Regression: a chat template whose own code raised anything but a Jinja or value error
+    (e.g. `{{ messages[0].content + 1 }}`: a TypeError) was a 500."""
+    from types import SimpleNamespace
+
+    from dllm_serve.errors import RequestError
+    from dllm_serve.http.openai_serving import _render_and_tokenize
+
+    def failing(messages: list) -> str:
+        return messages[0]["content"] + 1
+
+    front = SimpleNamespace(tokenizer=SimpleNamespace(apply_chat_template=failing))
+    with pytest.raises(RequestError, match="TypeError") as e:
+        _render_and_tokenize(front, [{"role": "user", "content": "x"}])  # type: ignore[arg-type]
+    assert e.value.param == "messages"

@@ -14,7 +14,6 @@ from dllm_serve.dllm.sampling import (
     min_p_filter,
     nucleus,
     sample_rows,
-    suppress_stop_tokens,
     top_k_filter,
 )
 from dllm_serve.managers.messages import Admit
@@ -82,24 +81,6 @@ def test_a_top_p_below_fp32s_least_value_keeps_the_most_likely_token(p: float) -
     out = nucleus(x, p)
     assert torch.equal(out.argmax(-1), x.argmax(-1))
     assert ((out > NEG).sum(-1) == 1).all()
-
-
-def test_suppress_stop_tokens_before_min_new_tokens() -> None:
-    k, vocab = 8, 10
-    x = torch.zeros(k, vocab)
-    stops = torch.tensor([3, 7])
-    # the block starts at 16, the prompt is 18 tokens: positions 16..23; output positions
-    # 18.. ; min_new_tokens 3 -> positions < 21 cannot stop
-    out = suppress_stop_tokens(x, block_start=16, prompt_len=18, min_new_tokens=3,
-                               stop_ids=stops)
-    for row in range(k):
-        blocked = 16 + row < 21
-        assert (out[row, 3] == NEG) == blocked and (out[row, 7] == NEG) == blocked
-        assert bool((out[row, [0, 1, 2, 4, 5, 6, 8, 9]] == 0).all())
-    assert torch.equal(x, torch.zeros(k, vocab))  # a new tensor; the input is untouched
-    late = suppress_stop_tokens(x, block_start=32, prompt_len=18, min_new_tokens=3,
-                                stop_ids=stops)
-    assert torch.equal(late, x)
 
 
 def _batch(n: int, k: int, temperature: float, **per_request: list) -> DenoiseBatch:

@@ -110,8 +110,20 @@ def test_chat_template_errors(tok, tiny_model_dir, tmp_path) -> None:
     with pytest.raises(TemplateError, match="unsupported role"):
         tok.apply_chat_template([{"role": "robot", "content": "x"}])
     plain = Tokenizer.load(_with_config(tiny_model_dir, tmp_path / "t", chat_template=None))
-    with pytest.raises(ValueError, match="no chat_template"):
+    with pytest.raises(ValueError, match="no chat template"):
         plain.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_a_chat_template_jinja_file_is_the_template(tok, tiny_model_dir, tmp_path) -> None:
+    """Regression: a template saved as chat_template.jinja (recent transformers do) was
+    ignored. Like Hugging Face's loader, the file comes before tokenizer_config's."""
+    moved = _with_config(tiny_model_dir, tmp_path / "moved", chat_template=None)
+    (moved / "chat_template.jinja").write_text(tok.chat_template)
+    messages = [{"role": "user", "content": "hi"}]
+    assert Tokenizer.load(moved).apply_chat_template(messages) == tok.apply_chat_template(messages)
+    both = _with_config(tiny_model_dir, tmp_path / "both")
+    (both / "chat_template.jinja").write_text("{{ messages[0].content }}!")
+    assert Tokenizer.load(both).apply_chat_template(messages) == "hi!"
 
 
 def test_template_helpers_and_sandbox(tiny_model_dir, tmp_path) -> None:

@@ -1,8 +1,8 @@
 """Sampling for temperature > 0: the Gumbel-max rule, seeded per request, block and step.
 
 The logit filters are pure functions of a (..., V) logits tensor: `nucleus` (top_p), `top_k`,
-`min_p`, and `suppress_stop_tokens` (min_new_tokens: no EOS or stop token at positions before
-prompt_len + min_new_tokens).
+`min_p`. (min_new_tokens masks nothing: an early EOS or stop token stays in the output as an
+ordinary token, managers/finish.py.)
 """
 
 from __future__ import annotations
@@ -72,19 +72,3 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     probs = logits.softmax(-1)
     floor = probs.amax(-1, keepdim=True) * min_p
     return logits.masked_fill(probs < floor, float("-inf"))
-
-
-def suppress_stop_tokens(logits: torch.Tensor, block_start: int, prompt_len: int,
-                         min_new_tokens: int, stop_ids: torch.Tensor) -> torch.Tensor:
-    """logits (K, V) of the block at absolute position block_start: -inf for the stop token
-    ids (EOS included) at every position before prompt_len + min_new_tokens, so that no stop
-    token can be chosen there."""
-    k = logits.shape[0]
-    positions = torch.arange(block_start, block_start + k, device=logits.device)
-    early = positions < prompt_len + min_new_tokens  # (K,)
-    if not bool(early.any()) or stop_ids.numel() == 0:
-        return logits
-    out = logits.clone()
-    rows = early.nonzero().squeeze(-1)
-    out[rows.unsqueeze(-1), stop_ids.unsqueeze(0)] = float("-inf")
-    return out

@@ -87,6 +87,9 @@ def _render_and_tokenize(front: TokenizerManager, messages: list[dict[str, Any]]
         text = front.tokenizer.apply_chat_template(messages)
     except (ValueError, JinjaError) as e:
         raise RequestError(f"Cannot apply the chat template: {e}", param="messages") from None
+    except Exception as e:  # noqa: BLE001 - the template's own code failed on these messages
+        raise RequestError(f"Cannot apply the chat template: {type(e).__name__}: {e}",
+                           param="messages") from None
     return front.tokenize(text)
 
 

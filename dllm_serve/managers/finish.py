@@ -1,9 +1,9 @@
 """Commit a block's new tokens to a request and decide whether it finished.
 
 Finish conditions, checked token by token in order: EOS (unless ignore_eos), a stop token id,
-max_new_tokens; then stop strings and stop regexes on the decoded text. EOS and stop tokens do
-not count before min_new_tokens tokens (they stay in the output as ordinary tokens; stop
-strings still end it, as in SGLang). Tokens
+max_new_tokens; then stop strings and stop regexes on the decoded text. An EOS or stop token
+counts only with min_new_tokens tokens before it (earlier ones stay in the output as ordinary
+tokens; stop strings still end it, as in SGLang). Tokens
 after the finishing one are dropped, so EOS and stop strings truncate inside a block. The
 finishing token is kept in output_ids (SGLang's convention); the front cuts the text at a
 matched stop string or regex match (`matched` holds the matched text; with a stop_regex, whose
@@ -110,13 +110,14 @@ class FinishChecker:
     def _token_finish(self, req: Req, tokens: np.ndarray) -> tuple[int, dict | None]:
         """(how many of tokens (T,) >= 1 join the output, the finish they reach): they end
         at the first one that finishes, in order: EOS (unless ignore_eos) or a stop token id
-        once the output holds min_new_tokens, then max_new_tokens reached. At least one
-        joins."""
+        with at least min_new_tokens tokens before it (as SGLang and vLLM: the stop is then
+        the (min_new_tokens + 1)-th token at the earliest), then max_new_tokens reached. At
+        least one joins."""
         params, before = req.params, len(req.output_ids)
         # token i makes the output before + i + 1 long
         at_length = max(0, params.max_new_tokens - before - 1)
         stops = self.stop_set(req)
-        first = max(0, params.min_new_tokens - before - 1)  # the first that may stop it
+        first = max(0, params.min_new_tokens - before)  # the first that may stop it
         ids = tokens.tolist()  # a block's few ids: a loop over a list beats numpy compares
         for i in range(first, min(len(ids), at_length + 1)):
             if ids[i] in stops:

@@ -9,11 +9,12 @@ processes that never touch the model (the scheduler, the HTTP front) import this
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dllm_serve.utils.jsonfile import read_json_object
 
 # Set to 1 to serve a --context-length beyond config.json's max_position_embeddings (positions
 # the model was never trained on; SGLang's SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)
@@ -34,12 +35,7 @@ class ModelConfig:
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
             raise FileNotFoundError(f"no config.json in model folder {str(path)!r}")
-        try:
-            hf = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_file}: not valid JSON ({e})") from None
-        if not isinstance(hf, dict):
-            raise ValueError(f"{cfg_file}: expected a JSON object, got {type(hf).__name__}")
+        hf = read_json_object(cfg_file)
         archs = hf.get("architectures") or []
         if isinstance(archs, str):
             archs = [archs]
@@ -91,7 +87,7 @@ def _require(hf: dict[str, Any], key: str, where: Path) -> Any:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json_object(path)
 
 
 @dataclass(frozen=True)
