@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from dllm_serve.engine_config import EngineConfig
@@ -78,6 +79,10 @@ def preflight(args: ServerArgs) -> EngineConfig:
             ModelConfig.load(args.model_path)
         except FileNotFoundError as e:
             raise ValueError(f"--model-path: {e}") from None
+        folder = Path(args.model_path)
+        if args.load_format != "dummy" and not any(folder.glob("*.safetensors")):
+            raise ValueError(f"--model-path: no *.safetensors weights in {str(folder)!r} "
+                             f"(other formats, such as pytorch_model.bin, are not read)")
     if args.dllm_standby and not (args.dllm_wavefront_size == 1 and args.dllm_fdfo):
         logging.getLogger(__name__).warning(
             "--dllm-standby has no effect: it applies with --dllm-wavefront-size 1 and FDFO "

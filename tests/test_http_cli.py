@@ -120,6 +120,7 @@ def test_backend_choices_are_the_registries() -> None:
     ({"vocab_size": "abc"}, "vocab_size must be an integer"),
     ({"mask_token_id": 10**9}, "mask id 1000000000 is outside the vocabulary"),
     ({"tokenizer.json": None}, "tokenizer"),
+    ({"model.safetensors": None}, "no *.safetensors weights"),
     ({"yaml": "threshold: [0.5"}, "not valid YAML"),
 ])
 def test_a_broken_checkpoint_or_yaml_is_one_line_and_exit_2(
