@@ -463,6 +463,38 @@ def test_an_engine_never_shut_down_stops_cleanly_at_exit(tiny_model_dir: Path,
     assert folder.name.startswith("dllm-serve-") and not folder.exists()
 
 
+KILLED_MID_RUN = """
+import sys
+import time
+from dllm_serve import Engine
+
+if __name__ == "__main__":
+    e = Engine(model_path=sys.argv[1], device="cpu", log_level="warning")
+    print(e.front.procs.addrs.to_scheduler, *e.get_all_child_pids(), flush=True)
+    e.generate("x", {"max_new_tokens": 3000, "ignore_eos": True})
+"""
+
+
+def test_a_killed_engine_process_leaves_no_children_and_no_sockets_folder(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Regression: the children of a script killed outright (SIGKILL) exited, but the
+    sockets' folder stayed in /tmp."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_MID_RUN)
+    proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    address, *pids = proc.stdout.readline().split()
+    children = [psutil.Process(int(p)) for p in pids]
+    time.sleep(1.0)  # generating
+    proc.kill()
+    proc.wait(30)
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive
+    folder = Path(address[len("ipc://"):]).parent
+    assert folder.name.startswith("dllm-serve-") and not folder.exists()
+
+
 def test_shutdown_ends_the_calls_still_waiting_and_later_ones(tiny_model_dir: Path) -> None:
     """Regression: a thread waiting in generate (or iterating a stream) when another shut the
     engine down waited forever; a call after shutdown raised a ZMQError."""

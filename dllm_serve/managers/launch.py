@@ -29,15 +29,19 @@ def launch(config: EngineConfig, ctx: zmq.Context, cancel: threading.Event | Non
     """
     addrs = Addresses.fresh()
     rx = Receiver(ctx, addrs.to_front)
-    procs = ProcessSet(addrs, spawn({
-        "scheduler": ("dllm_serve.managers.scheduler_main:run_scheduler_process",
-                      (config.scheduler(), addrs)),
-        "worker": ("dllm_serve.managers.worker_main:run_worker_process", (config, addrs)),
-    }))
+    procs: ProcessSet | None = None
     try:
+        procs = ProcessSet(addrs, spawn({
+            "scheduler": ("dllm_serve.managers.scheduler_main:run_scheduler_process",
+                          (config.scheduler(), addrs)),
+            "worker": ("dllm_serve.managers.worker_main:run_worker_process", (config, addrs)),
+        }))
         return procs, rx, wait_ready(procs, rx, config.args.startup_timeout, cancel)
-    except BaseException:
-        procs.kill()
+    except BaseException:  # a spawn that failed too (e.g. a script without a __main__ guard)
+        if procs is not None:
+            procs.kill()  # which removes the sockets' folder
+        else:
+            addrs.remove()
         rx.sock.close()
         raise
 

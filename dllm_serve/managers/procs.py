@@ -107,13 +107,16 @@ def _child_main(entry: str, args: tuple[Any, ...]) -> None:
         os._exit(code)
 
 
-def die_with_parent(poll_s: float = 0.5) -> None:
-    """In a child: exit at once when the parent process is gone (no orphans)."""
+def die_with_parent(on_orphan: Callable[[], None] | None = None, poll_s: float = 0.5) -> None:
+    """In a child: exit at once when the parent process is gone (no orphans), after
+    `on_orphan` (removing what the parent would have: the sockets' folder)."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
+        if on_orphan is not None:
+            on_orphan()
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()

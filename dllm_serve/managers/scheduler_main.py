@@ -68,7 +68,7 @@ class WorkerCrashed(RuntimeError):
 def run_scheduler_process(cfg: SchedulerProcConfig, addrs: Addresses) -> None:
     setup_logging(cfg.log_level)
     warn_long_gc(cfg.gc_warning_s)
-    die_with_parent()
+    die_with_parent(addrs.remove)  # a parent killed outright leaves no sockets behind
     ctx = zmq.Context()
     front_in, front_out = Receiver(ctx, addrs.to_scheduler), Sender(ctx, addrs.to_front)
     worker_in, worker_out = Receiver(ctx, addrs.from_worker), Sender(ctx, addrs.to_worker)

@@ -54,7 +54,7 @@ def run_worker_process(config: EngineConfig, addrs: Addresses) -> None:
     cfg = config.worker()
     setup_logging(cfg.log_level)
     warn_long_gc(cfg.gc_warning_s)
-    die_with_parent()
+    die_with_parent(addrs.remove)  # a parent killed outright leaves no sockets behind
     ctx = zmq.Context()
     rx, tx = Receiver(ctx, addrs.to_worker), Sender(ctx, addrs.from_worker)
     try:
