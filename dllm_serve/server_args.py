@@ -169,6 +169,8 @@ class ServerArgs:
         "503) before aborting them; a second signal aborts them at once.")
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # Engine(**kwargs) values come unparsed
+            _check_type(f.name, f.type, getattr(self, f.name))
         _check(self.port > 0 and self.port < 65536, f"--port must be in 1..65535, got {self.port}")
         _check(0 <= self.random_seed < 2**63,
                f"--random-seed must be in 0..2**63-1, got {self.random_seed}")
@@ -316,3 +318,20 @@ def _cli_type(annotation: object) -> type:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+# a field's declared type -> what its value may be (bool is no int; a float field takes ints)
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float),
+                                       "str": (str,)}
+
+
+def _check_type(name: str, declared: Any, value: Any) -> None:
+    """ValueError naming the flag unless value has the field's declared type ("int",
+    "float | None", ...)."""
+    base, _, optional = str(declared).partition(" | ")
+    if value is None and optional == "None":
+        return
+    kinds = _TYPES[base]
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    _check(ok, f"--{name.replace('_', '-')} must be {'a' if base != 'int' else 'an'} {base}"
+           f"{' or None' if optional else ''}, got {value!r}")

@@ -410,6 +410,14 @@ def test_engine_refuses_what_the_cli_refuses_before_any_process(tiny_model_dir: 
     (model / "config.json").write_text(json.dumps({**cfg, "mask_token_id": 10**9}))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         make_engine(model)
+    # keywords of the wrong type (they come unparsed): once a TypeError naming nothing, or
+    # taken as they came ("no" as True, 2.0 as a wavefront size)
+    for kwargs, words in (({"max_running_requests": "4"}, "--max-running-requests must be an int"),
+                          ({"dllm_fdfo": "no"}, "--dllm-fdfo must be a bool"),
+                          ({"dllm_wavefront_size": 2.0}, "--dllm-wavefront-size must be an int"),
+                          ({"random_seed": "x"}, "--random-seed must be an int")):
+        with pytest.raises(ValueError, match=words):
+            make_engine(tiny_model_dir, **kwargs)
     assert {p.pid for p in psutil.Process().children()} == before
 
 
