@@ -212,6 +212,9 @@ def test_unknown_model_is_404(server: Server) -> None:
         assert err["code"] == "model_not_found" and err["param"] == "model"
         # sglang-router names a request that gave no model "unknown": served as no name
         assert server.post(path, {**body, "model": "unknown", "max_tokens": 2}).status_code == 200
+        # the --model-path as given: vLLM's and SGLang's default served name
+        as_path = server.get("/get_model_info").json()["model_path"]
+        assert server.post(path, {**body, "model": as_path, "max_tokens": 2}).status_code == 200
     assert_error(server.get("/v1/models/gpt-9"), 404)
 
 

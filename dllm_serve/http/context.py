@@ -55,8 +55,11 @@ class ServerContext:
 
     def check_model(self, model: str | None) -> None:
         """404 unless `model` is absent, "default", sglang-router's "unknown" (a request that
-        named none) or the served name."""
-        if model not in (None, DEFAULT_MODEL_ALIAS, ROUTER_NO_MODEL, self.model_name):
+        named none), the served name or the --model-path as given (vLLM's and SGLang's
+        default name)."""
+        path = str(self.args.model_path).rstrip("/")
+        if model not in (None, DEFAULT_MODEL_ALIAS, ROUTER_NO_MODEL, self.model_name) and (
+                model.rstrip("/") != path):
             raise APIError(404, f"The model '{model}' does not exist; this server serves "
                            f"'{self.model_name}'.", param="model", code="model_not_found")
 
