@@ -225,3 +225,9 @@ def test_config_defaults(tiny_model_dir) -> None:
 def test_config_rejects(tiny_model_dir, changes, message) -> None:
     with pytest.raises(ValueError, match=message):
         LLaDA2Config.from_hf(_hf(tiny_model_dir, **changes))
+
+
+@pytest.mark.parametrize("value", [None, {"rope_type": "default"}, {"type": "default"}])
+def test_default_rope_scaling_is_plain_rope(tiny_model_dir, value) -> None:
+    """Regression: Hugging Face's {"rope_type": "default"} (the same as null) was refused."""
+    assert LLaDA2Config.from_hf(_hf(tiny_model_dir, rope_scaling=value)).rope_theta > 0

@@ -26,6 +26,16 @@ from dllm_serve.model.forward_batch import ForwardBatch
 from dllm_serve.models.weights import WeightMap
 
 
+def check_rope_scaling(value: object) -> None:
+    """ValueError unless config.json's rope_scaling means plain RoPE: null, or Hugging Face's
+    {"rope_type": "default"} (older files: "type"), which is the same."""
+    if value is None or (isinstance(value, dict) and set(value) <= {"rope_type", "type"}
+                         and set(value.values()) == {"default"}):
+        return
+    raise ValueError(f"rope_scaling {value!r} is not supported (only null or "
+                     f"{{'rope_type': 'default'}})")
+
+
 @dataclass(frozen=True)
 class DecoderSpec:
     """The shapes and switches shared by every architecture's attention and backbone."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dllm_serve.layers.moe_router import RoutingParams
-from dllm_serve.models.decoder import DecoderSpec
+from dllm_serve.models.decoder import DecoderSpec, check_rope_scaling
 
 # LLaDA2MoeConfig class defaults, used when config.json lacks the key.
 HF_DEFAULTS: dict[str, Any] = {
@@ -121,8 +121,7 @@ def _getter(hf: dict[str, Any]) -> Getter:
 def _check_supported(get: Getter) -> None:
     if get("hidden_act") != "silu":
         raise ValueError(f"hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
-    if get("rope_scaling") is not None:
-        raise ValueError(f"rope_scaling {get('rope_scaling')!r} is not supported (only null)")
+    check_rope_scaling(get("rope_scaling"))
 
 
 def _rotary_dim(hf: dict[str, Any], head_dim: int, get: Getter) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dllm_serve.layers.moe_router import RoutingParams
-from dllm_serve.models.decoder import DecoderSpec
+from dllm_serve.models.decoder import DecoderSpec, check_rope_scaling
 
 HF_DEFAULTS: dict[str, Any] = {
     "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
@@ -89,8 +89,7 @@ def _decoder_spec(hf: dict[str, Any], get: Getter) -> DecoderSpec:
 def _check_supported(get: Getter) -> None:
     if get("hidden_act") != "silu":
         raise ValueError(f"hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
-    if get("rope_scaling") is not None:
-        raise ValueError(f"rope_scaling {get('rope_scaling')!r} is not supported (only null)")
+    check_rope_scaling(get("rope_scaling"))
     if get("use_sliding_window"):
         raise ValueError("use_sliding_window true is not supported (SDAR attends block-causally "
                          "over the whole context)")
