@@ -8,11 +8,43 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 DATA_DIR = Path(__file__).parent / "data" / "gsm8k"
+
+
+def run_cli(main: Callable[[], Any]) -> None:
+    """A script's entry: a user's error (a data file or server it cannot reach, a refused
+    value, a request the server answered with an error) ends in one line on stderr and exit
+    code 2, not a traceback. httpx's errors are OSErrors' kin: caught by their base's name."""
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - filtered just below
+        if not isinstance(e, OSError | ValueError) and type(e).__module__.split(".")[0] != "httpx":
+            raise
+        prog = Path(sys.argv[0]).stem
+        sys.stderr.write(f"{prog}: error: {' '.join(str(e).split()) or type(e).__name__}\n")
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0 (inf allowed)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -41,7 +41,9 @@ from benchmarks.common import (
     git_commit,
     now,
     per_request_forward,
+    positive_int,
     read_jsonl,
+    run_cli,
     summary,
     write_json,
 )
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dllm-wavefront-size", type=int, default=1,
                    help="engine mode: blocks per request in flight (1: one at a time, as SGLang)")
     p.add_argument("--max-running-requests", type=int, default=16, help="engine mode")
-    p.add_argument("--num-questions", type=int, default=proto.NUM_QUESTIONS)
+    p.add_argument("--num-questions", type=positive_int, default=proto.NUM_QUESTIONS)
     p.add_argument("--num-shots", type=int, default=proto.NUM_SHOTS)
     p.add_argument("--protocol", choices=sorted(proto.PROTOCOLS), default="sglang",
                    help="sglang: SGLang's few_shot_gsm8k exactly (test shots, its answer "
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "questions": details(protocol, rows, answers)}
     print_table(result["results"])
     write_json(ns.output, result)
+    errors = [a.error for a in answers if a.error is not None]
+    if errors:  # said, not only counted: a run whose every request failed measured nothing
+        print(f"gsm8k: {len(errors)} of {len(answers)} requests failed; the first: "
+              f"{errors[0]}", file=sys.stderr)
+        if len(errors) == len(answers):
+            raise SystemExit(1)
     return result
 
 
@@ -148,7 +156,9 @@ def score(protocol: proto.Protocol, rows: list[dict[str, Any]], answers: list[Co
     n = len(rows)
     return {"num_questions": n,
             "accuracy": sum(p == y for p, y in zip(preds, labels, strict=True)) / n,
-            "invalid_rate": sum(p is None for p in preds) / n,
+            # no number in a completion that came back (a failed request is a failure)
+            "invalid_rate": sum(p is None and a.error is None
+                                for p, a in zip(preds, answers, strict=True)) / n,
             "failures": sum(a.error is not None for a in answers),
             "latency_s": wall, "request_latency_s": summary([a.latency for a in answers]),
             "prompt_tokens": sum(a.prompt_tokens for a in answers),
@@ -164,7 +174,13 @@ def details(protocol: proto.Protocol, rows: list[dict[str, Any]], answers: list[
 
 
 def config(ns: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
-    return {**vars(ns), "api_key": "<set>" if ns.api_key else None,
+    """The run's flags; against a server (--base-url) without the engine's, which describe
+    nothing there (its own settings are in server_info)."""
+    flags = vars(ns)
+    if ns.base_url:
+        engine = {*engine_kwargs(ns), "dllm_fdfo", "dllm_wavefront_size", "max_running_requests"}
+        flags = {k: v for k, v in flags.items() if k not in engine}
+    return {**flags, "api_key": "<set>" if ns.api_key else None,
             "backend": "server" if ns.base_url else "engine",
             "shots_from": proto.PROTOCOLS[ns.protocol].shots_from,
             "shots_path": (str(proto.TRAIN_PATH) if proto.PROTOCOLS[ns.protocol].shots_from
@@ -187,4 +203,4 @@ def _num(x: float | None, width: int, digits: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

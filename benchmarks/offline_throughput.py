@@ -37,6 +37,8 @@ from benchmarks.common import (
     now,
     per_request_forward,
     percentile,
+    positive_int,
+    run_cli,
     summary,
     write_json,
 )
@@ -45,7 +47,7 @@ from benchmarks.common import (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_engine_args(p)
-    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--num-prompts", type=positive_int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-running-requests", type=int, nargs="+", default=[4, 16])
     p.add_argument("--modes", nargs="+", default=["sync", "fdfo"], choices=list(MODES),
@@ -179,4 +181,4 @@ def print_table(runs: list[dict[str, Any]], ratios: dict[str, dict[str, float]])
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

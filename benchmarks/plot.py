@@ -23,7 +23,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import mode_name
+from benchmarks.common import mode_name, run_cli
 
 Point = tuple[float, float | None, float | None, float | None]  # x, tok/s, e2e s, ttft s
 
@@ -189,4 +189,4 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -35,7 +35,9 @@ from benchmarks.common import (
     engine_kwargs,
     git_commit,
     now,
+    positive_int,
     read_jsonl,
+    run_cli,
     write_json,
 )
 from benchmarks.gsm8k import score
@@ -58,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--parallel", type=int, default=128, help="requests in flight")
     p.add_argument("--arms", default="cache_on,cache_off", help="which arms, in order")
-    p.add_argument("--num-questions", type=int, default=proto.NUM_QUESTIONS, help="gsm8k")
+    p.add_argument("--num-questions", type=positive_int, default=proto.NUM_QUESTIONS, help="gsm8k")
     p.add_argument("--num-shots", type=int, default=proto.NUM_SHOTS, help="gsm8k")
     p.add_argument("--protocol", choices=sorted(proto.PROTOCOLS), default="sglang",
                    help="gsm8k: whose shots and answer reading (see gsm8k_protocol.py)")
@@ -228,4 +230,4 @@ def print_table(workload: str, arms: dict[str, dict[str, Any]], cmp: dict[str, A
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

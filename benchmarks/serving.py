@@ -32,7 +32,17 @@ from tqdm import tqdm
 
 from benchmarks import gsm8k_protocol as proto
 from benchmarks import remote
-from benchmarks.common import DATA_DIR, git_commit, mode_name, now, read_jsonl, write_json
+from benchmarks.common import (
+    DATA_DIR,
+    git_commit,
+    mode_name,
+    now,
+    positive_float,
+    positive_int,
+    read_jsonl,
+    run_cli,
+    write_json,
+)
 from benchmarks.serving_metrics import Encode, aggregate, request_metrics
 from benchmarks.stream_client import StreamRecord, stream_completion
 
@@ -51,16 +61,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="default: the first one /v1/models lists")
     p.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY")
     p.add_argument("--dataset", choices=["gsm8k", "random"], default="gsm8k")
-    p.add_argument("--num-prompts", type=int, default=200)
-    p.add_argument("--request-rate", type=float, default=float("inf"),
+    p.add_argument("--num-prompts", type=positive_int, default=200)
+    p.add_argument("--request-rate", type=positive_float, default=float("inf"),
                    help="requests per second, Poisson arrivals; inf sends all at once")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     p.add_argument("--num-shots", type=int, default=proto.NUM_SHOTS, help="gsm8k dataset")
     p.add_argument("--gsm8k-output-len", type=int, default=proto.MAX_NEW_TOKENS,
                    help="gsm8k dataset: max_tokens (requests also end at the protocol's stops)")
     p.add_argument("--ignore-eos", action="store_true", help="gsm8k dataset: ignore EOS")
-    p.add_argument("--random-input-len", type=int, default=1024)
-    p.add_argument("--random-output-len", type=int, default=1024)
+    p.add_argument("--random-input-len", type=positive_int, default=1024)
+    p.add_argument("--random-output-len", type=positive_int, default=1024)
     p.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="lengths are uniform in [max(1, L*ratio), L] (1.0 = exactly L)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder for random prompts and "
@@ -232,4 +242,4 @@ def print_table(cfg: dict[str, Any], r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -23,7 +23,15 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 from tqdm import tqdm
 
-from benchmarks.common import add_engine_args, engine_kwargs, git_commit, now, write_json
+from benchmarks.common import (
+    add_engine_args,
+    engine_kwargs,
+    git_commit,
+    now,
+    positive_int,
+    run_cli,
+    write_json,
+)
 from training.evaluate import held_out_problems, score
 
 
@@ -33,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.set_defaults(dllm_algorithm="JointThreshold")
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--thetas", type=float, nargs="+", default=[0.1, 0.3, 0.6, 0.9])
-    p.add_argument("--num-problems", type=int, default=256)
+    p.add_argument("--num-problems", type=positive_int, default=256)
     p.add_argument("--seed", type=int, default=1, help="held-out problem seed (training: 0)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-running-requests", type=int, default=16)
@@ -95,4 +103,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

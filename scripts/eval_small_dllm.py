@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import positive_int, run_cli  # noqa: E402
 from training.data import DataConfig  # noqa: E402
 from training.evaluate import (  # noqa: E402
     HeldOut,
@@ -40,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--algorithms", nargs="+", default=["LowConfidence", "JointThreshold"])
     p.add_argument("--algorithm-config", action="append", default=[], metavar="NAME=FILE",
                    help="YAML settings for one algorithm (repeatable)")
-    p.add_argument("--num-problems", type=int, default=256)
+    p.add_argument("--num-problems", type=positive_int, default=256)
     p.add_argument("--seed", type=int, default=DataConfig().eval_seed,
                    help="seed of the held-out problems (training used --train-seed)")
     p.add_argument("--train-seed", type=int, default=DataConfig().seed)
@@ -117,4 +118,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -213,6 +213,40 @@ def test_gsm8k_server_mode(server_url: str, out_dir: Path) -> None:
     assert r["source"].startswith("server")
 
 
+def test_gsm8k_against_a_server_says_when_every_request_failed(server_url: str,
+                                                              out_dir: Path, capsys) -> None:
+    """Regression: with every request refused (a model the server does not serve) gsm8k
+    exited 0 and counted the failures as unreadable answers; and its JSON saved engine flags
+    (wavefront size, FDFO) that said nothing of the server."""
+    path = out_dir / "gsm8k_failed.json"
+    with pytest.raises(SystemExit) as exit_info:
+        gsm8k.main(["--base-url", server_url, "--model", "nope", "--num-questions", "2",
+                    "--max-new-tokens", "8", "--output", str(path)])
+    assert exit_info.value.code == 1
+    assert "2 of 2 requests failed" in capsys.readouterr().err
+    result = _read(path)
+    assert result["results"]["failures"] == 2 and result["results"]["invalid_rate"] == 0
+    assert "dllm_wavefront_size" not in result["config"]
+    assert "dllm_wavefront_size" in result["config"]["server_info"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["gsm8k", "--num-questions", "0"], "must be >= 1"),
+    (["serving", "--request-rate", "0"], "must be > 0"),
+    (["gsm8k", "--base-url", "http://127.0.0.1:9", "--num-questions", "1"], "gsm8k: error: "),
+    (["serving", "--base-url", "http://127.0.0.1:9", "--data-path", "/nonexistent.jsonl"],
+     "serving: error: "),
+])
+def test_a_users_error_is_one_line_not_a_traceback(argv: list[str], words: str) -> None:
+    """Regression: an unreachable server, a missing data file or a zero count ended in a
+    traceback (ConnectError, FileNotFoundError, ZeroDivisionError)."""
+    script, *args = argv
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *args],
+                         capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.returncode == 2, out.stderr
+    assert words in out.stderr and "Traceback" not in out.stderr
+
+
 def test_prefix_cache_gsm8k_runs_both_arms(tiny_model_dir: Path, out_dir: Path) -> None:
     path = out_dir / "prefix_cache_gsm8k.json"
     prefix_cache.main(["gsm8k", *_engine_args(tiny_model_dir), "--num-questions", "4",
