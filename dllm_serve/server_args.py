@@ -142,8 +142,8 @@ class ServerArgs:
         choices=LOAD_FORMATS)
     random_seed: int = _f(0, "Seed for weights-independent randomness (sampling noise).")
     api_key: str | None = _f(
-        None, "If set, every HTTP route but /health, /health_generate and /metrics needs "
-        "'Authorization: Bearer KEY'.")
+        None, "If set, every HTTP route but /health, /health_generate, /ready and /metrics "
+        "needs 'Authorization: Bearer KEY'.")
     log_level: str = _f("info", "Logging level.", choices=LOG_LEVELS)
     gc_warning_threshold_secs: float = _f(
         0.0, "Log a warning whenever one cyclic garbage collection pauses the scheduler, the "

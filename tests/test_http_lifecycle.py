@@ -76,8 +76,10 @@ def test_api_key_required_except_health_and_metrics(server: Server) -> None:
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     for path in ("/v1/models", "/get_server_info"):
         assert httpx.get(server.url(path), timeout=30).status_code == 401
-    for path in ("/health", "/health_generate", "/metrics"):
+    for path in ("/health", "/health_generate", "/metrics", "/ready"):
         assert httpx.get(server.url(path), timeout=30).status_code == 200, path
+    # a trailing slash gets the router's redirect to the open route, not a 401
+    assert httpx.get(server.url("/metrics/"), timeout=30).status_code == 307
     assert server.post("/v1/completions", body).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url("/v1"), api_key="nope", max_retries=0).models.list()

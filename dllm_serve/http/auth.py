@@ -23,7 +23,8 @@ class ApiKeyMiddleware:
         self.digest = _digest(api_key.encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path.rstrip("/") in OPEN_PATHS or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         headers, body = raw_error(401, "Unauthorized: a valid API key is required "
