@@ -36,6 +36,9 @@ def test_a_repeated_prompt_hits_and_shows_in_info_and_metrics(server: Server) ->
     first = server.post("/v1/completions", body).json()
     second = server.post("/v1/completions", body).json()
     assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # OpenAI's field
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+        first["usage"]["prompt_tokens"] // 32 * 32
     after = cache_info(server)
     prompt_tokens = first["usage"]["prompt_tokens"]
     cached = prompt_tokens // 32 * 32

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import TemplateError as JinjaError
@@ -114,9 +114,10 @@ async def _serve(ctx: ServerContext, request: Request, req: SamplingFields,
     gen = Generation(front, choices, observer)
     prompt_tokens = sum(len(ids) for ids in prompts)
     if req.stream:
-        return await sse_response(request, _chunks(gen, head, prompt_tokens,
+        return await sse_response(request, _chunks(gen, head, Tally(prompt_tokens, req.n),
                                                    _usage_mode(req.stream_options)))
-    return JSONResponse(await until_disconnected(request, _collect(gen, head, prompt_tokens)))
+    return JSONResponse(await until_disconnected(request, _collect(gen, head,
+                                                                   Tally(prompt_tokens, req.n))))
 
 
 def _max_new_tokens(asked: int | None, default: int | None, room: int) -> int:
@@ -146,11 +147,35 @@ def _params(req: SamplingFields, max_new_tokens: int, overrides: dict[str, Any],
         raise RequestError(str(e)) from None
 
 
-async def _collect(gen: Generation, head: Head, prompt_tokens: int) -> dict[str, Any]:
+@dataclass
+class Tally:
+    """One response's usage: prompt tokens once per prompt, completion tokens over every
+    choice, and the prompt tokens the prefix cache held (each prompt's first copy's count:
+    OpenAI's usage.prompt_tokens_details.cached_tokens, SGLang's meta_info cached_tokens)."""
+
+    prompt_tokens: int
+    copies: int  # n: choices per prompt, prompt-major
+    completion: dict[int, int] = field(default_factory=dict)  # choice -> tokens so far
+    cached: dict[int, int] = field(default_factory=dict)  # first copies -> cached tokens
+
+    def add(self, index: int, out: GenOutput) -> None:
+        self.completion[index] = out.meta["completion_tokens"]
+        if index % self.copies == 0:
+            self.cached[index] = out.meta.get("cached_tokens", 0)
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(self.completion.values())
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())}}
+
+
+async def _collect(gen: Generation, head: Head, tally: Tally) -> dict[str, Any]:
     finals = await gen.finals()
     choices = [_choice(head, i, out) for i, out in enumerate(finals)]
-    completion = sum(out.meta["completion_tokens"] for out in finals)
-    return head.wrap(choices, usage=usage(prompt_tokens, completion))
+    for i, out in enumerate(finals):
+        tally.add(i, out)
+    return head.wrap(choices, usage=tally.usage())
 
 
 def _usage_mode(options: StreamOptions | None) -> str:
@@ -162,29 +187,28 @@ def _usage_mode(options: StreamOptions | None) -> str:
     return "every" if options.continuous_usage_stats else "final"
 
 
-async def _chunks(gen: Generation, head: Head, prompt_tokens: int,
+async def _chunks(gen: Generation, head: Head, tally: Tally,
                   usage_mode: str) -> AsyncIterator[dict[str, Any]]:
     chunk_head = Head(head.id, f"{head.object}.chunk" if head.chat else head.object,
                       head.created, head.model, head.chat)
     started: set[int] = set()
-    tokens: dict[int, int] = {}  # each choice's completion tokens so far
     try:
         async for update in gen.updates():
             out = update.out
-            tokens[update.index] = out.meta["completion_tokens"]
+            tally.add(update.index, out)
             if out.finished:
                 raise_if_failed(out.finish_reason)
             elif not out.delta:
                 continue
             first = update.index not in started
             started.add(update.index)
-            extra = ({"usage": usage(prompt_tokens, sum(tokens.values()))}
+            extra = ({"usage": tally.usage()}
                      if usage_mode == "every" else {"usage": None} if usage_mode else {})
             yield chunk_head.wrap([_delta(chunk_head, update, first)], **extra)
     finally:
         gen.close()  # closed early (client gone, error): abort what is still running
     if usage_mode:
-        yield chunk_head.wrap([], usage=usage(prompt_tokens, sum(tokens.values())))
+        yield chunk_head.wrap([], usage=tally.usage())
 
 
 def _choice(head: Head, index: int, out: GenOutput) -> dict[str, Any]:
@@ -214,7 +238,3 @@ def finish_reason(reason: dict[str, Any] | None) -> str | None:
     """The engine's finish reason -> OpenAI's: stop, length, or abort (SGLang/vLLM's extra)."""
     return None if reason is None else str(reason.get("type"))
 
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
