@@ -73,7 +73,7 @@ class ModelConfig:
 
     def eos_token_ids(self) -> list[int]:
         """EOS ids from config.json, else from generation_config.json; may be empty."""
-        for source in (self.hf, _read_json(self.path / "generation_config.json")):
+        for source in (self.hf, read_json_object(self.path / "generation_config.json")):
             value = source.get("eos_token_id")
             if value is not None:
                 return [int(v) for v in (value if isinstance(value, list) else [value])]
@@ -84,10 +84,6 @@ def _require(hf: dict[str, Any], key: str, where: Path) -> Any:
     if key not in hf:
         raise ValueError(f"{where}: required key {key!r} is missing")
     return hf[key]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return read_json_object(path)
 
 
 @dataclass(frozen=True)
